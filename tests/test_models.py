@@ -1,0 +1,57 @@
+import os, time
+import pytest, torch
+from dwg import models
+
+
+def test_prepare_embedded_is_idempotent():
+    "A second prepare finds the finished checkpoint and rewrites nothing."
+    path = models.prepare_embedded()
+    before = (path / "config.json").stat().st_mtime_ns
+    assert models.prepare_embedded() == path
+    assert (path / "config.json").stat().st_mtime_ns == before
+
+
+def test_embedded_architecture():
+    "The embedded model is the real SmolLM2-135M: 30 layers, GQA 9/3, tied embeddings, 134.5M parameters."
+    model, tok = models.load("smollm2-135m")
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size) == ("llama", 30, 576)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (9, 3)
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - 134.5) < 0.1
+    assert tok.pad_token_id is not None and len(tok) == cfg.vocab_size
+
+
+def test_local_checkpoint_roundtrip(tmp_path):
+    "A saved model directory loads back with the same weights (how fine-tuned models are used)."
+    model, tok = models.load("tiny-gpt2", seed=3)
+    model.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
+    again, tok2 = models.load(tmp_path)
+    for (n, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(p, q), n
+    assert tok2("hello")["input_ids"] == tok("hello")["input_ids"]
+
+
+@pytest.mark.parametrize("name", list(models.TINY_MODELS))
+def test_tiny_models_differ_by_seed_and_family(name):
+    "Each tiny model is its own family and its weights depend on the seed."
+    a, _ = models.load(name, seed=0)
+    b, _ = models.load(name, seed=1)
+    assert a.config.model_type == models.TINY_MODELS[name]["model_type"]
+    pa, pb = next(a.parameters()), next(b.parameters())
+    assert pa.shape == pb.shape and not torch.equal(pa, pb)
+
+
+def test_hub_model_offline_fails_fast():
+    "A hub model with no hub gives a clear error quickly instead of retrying."
+    start = time.time()
+    with pytest.raises(RuntimeError, match="work offline"):
+        models.load("pythia-2.8b")
+    with pytest.raises(RuntimeError, match="no model hub is reachable"):
+        models.load("someorg/some-model")
+    assert time.time() - start < 30
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(ValueError, match="tiny-llama"):
+        models.load("not-a-model")

@@ -9,7 +9,7 @@ import torch
 from .graft import _targets
 
 # %% auto #0
-__all__ = ['naive_last_logits']
+__all__ = ['naive_last_logits', 'run_benchmark', 'main']
 
 # %% ../nbs/07_bench.ipynb #c93339f7
 def _untie(model):
@@ -39,3 +39,86 @@ def naive_last_logits(recipient, grafts: list[tuple], input_ids: torch.Tensor) -
                      past_key_values=cache, use_cache=True)
         cache = out.past_key_values
     return out.logits[0, -1].float()
+
+# %% ../nbs/07_bench.ipynb #0f6be2af
+def _rss_mb() -> float:
+    "Peak resident memory of this process so far, in MB."
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def _median_time(fn, repeat: int = 3) -> float:
+    "Median wall time of `fn()` over `repeat` runs (after one warm-up)."
+    fn(); times = []
+    for _ in range(repeat):
+        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+def _perturbed(model, scale: float = 0.02, seed: int = 0):
+    "A stand-in donor: a copy of `model` with small random changes to every weight."
+    donor = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in donor.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    return donor
+
+def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: int = 64, n_original: int = 3,
+                  n_facts: int = 100, workdir: str | None = None) -> dict:
+    "Measure the engine against the original algorithm and a plain forward; return the numbers."
+    import tempfile
+    from dwg.models import load
+    from dwg.data import create_dataset, load_split
+    from dwg.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
+    from dwg.graft import get_plan, POSITION_FIGURE_PLANS
+    res = dict(model=model, batch=batch, threads=torch.get_num_threads())
+    rss0 = _rss_mb()
+    base, tok = load(model)
+    don = load(donor)[0] if donor else _perturbed(base)
+    res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
+    workdir = workdir or tempfile.mkdtemp()
+    ds = create_dataset("fake_movies_fake_actors", n_facts=max(n_facts, batch), seed=0, out_dir=f"{workdir}/ds")
+    template = "stars_alongside" if any(e["template"] == "stars_alongside" for e in load_split(ds, "eval")) else None
+    exs = [e for e in load_split(ds, "eval") if template is None or e["template"] == template]
+    template = exs[0]["template"]; exs = [e for e in exs if e["template"] == template]
+    models, plan = dict(pretrained=base, finetuned=don), get_plan("FE+LT")
+    prep = prepare(tok, exs[:batch])
+    masks, _ = rule_masks(plan, prep)
+    def plain(): return last_logits(base, prep["batch"])
+    def engine():
+        with grafted(plan, models, masks): return last_logits(base, prep["batch"])
+    res["plain_forward_s"], res["grafted_forward_s"] = _median_time(plain), _median_time(engine)
+    res["grafted_over_plain"] = res["grafted_forward_s"] / res["plain_forward_s"]
+    res["peak_rss_mb_engine"] = _rss_mb(); res["rss_before_models_mb"] = rss0
+    res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
+    res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
+    fast = engine().softmax(-1)
+    t = time.perf_counter(); maxdp = 0.0
+    for i in range(n_original):
+        n = prep["batch"]["attention_mask"][i].sum().item(); pad = prep["pads"][i]
+        ids = prep["batch"]["input_ids"][i, pad:]
+        slow = naive_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids).softmax(-1)
+        maxdp = max(maxdp, (slow - fast[i]).abs().max().item())
+    res["original_s_per_example"] = (time.perf_counter() - t) / n_original
+    res["engine_s_per_example"] = res["grafted_forward_s"] / len(prep["examples"])
+    res["speedup_per_example"] = res["original_s_per_example"] / res["engine_s_per_example"]
+    res["max_abs_dprob"] = maxdp
+    sweep_exs = exs[:n_facts]
+    t = time.perf_counter()
+    evaluate_plans(POSITION_FIGURE_PLANS, models, tok, sweep_exs, batch_size=batch, progress=False)
+    res["position_sweep_s"] = time.perf_counter() - t
+    res["position_sweep_size"] = f"{len(POSITION_FIGURE_PLANS)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
+    return res
+
+def main(argv=None):
+    "Command line: print the benchmark as a small table and JSON."
+    ap = argparse.ArgumentParser(prog="python -m dwg.bench", description=__doc__ or "dwg grafting benchmark")
+    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", default=None)
+    ap.add_argument("--batch", type=int, default=64); ap.add_argument("--n-original", type=int, default=3)
+    ap.add_argument("--n-facts", type=int, default=100); ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    res = run_benchmark(a.model, a.donor, a.batch, a.n_original, a.n_facts)
+    for k, v in res.items(): print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
+    if a.json: open(a.json, "w").write(json.dumps(res, indent=1))
+    return res
+
+# %% ../nbs/07_bench.ipynb #1a4fb5dd
+#| eval: false
+if __name__ == "__main__": main()

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 # %% auto #0
 __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'first_token_scores', 'top_k', 'prepare',
-           'rule_masks', 'grafted', 'score_plan', 'evaluate_plans']
+           'rule_masks', 'grafted', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples', 'run_grafting']
 
 # %% ../nbs/03_evaluate.ipynb #8dc1e565
 def encode(tokenizer, prompts: list[str], device=None) -> dict:
@@ -129,7 +129,7 @@ def _generate(plan, models, prep, masks, n_new: int, generated: str, seed: int) 
         masks = [torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks]
     return torch.cat(out, 1)
 
-# %% ../nbs/03_evaluate.ipynb #642f5816
+# %% ../nbs/03_evaluate.ipynb #8f618e91
 @torch.no_grad()
 def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
                generated: str = "base", seed: int = 0) -> list[dict]:
@@ -163,11 +163,82 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     plans = [get_plan(p) for p in plans]
     for p in plans: _bind(p, models)  # fail before any work if a role is missing
     device = next(iter(models.values())).device
-    rows = []
+    rows = {p.name: [] for p in plans}  # plan-major order, whatever the batch size
     bar = tqdm(total=len(plans) * len(examples), desc="grafting", disable=not progress, unit="ex")
     for chunk in batches(examples, batch_size):
         prep = prepare(tokenizer, chunk, device)
         for p in plans:
-            rows += score_plan(p, models, tokenizer, prep, **kw); bar.update(len(chunk))
+            rows[p.name] += score_plan(p, models, tokenizer, prep, **kw); bar.update(len(chunk))
     bar.close()
-    return rows
+    return [r for p in plans for r in rows[p.name]]
+
+# %% ../nbs/03_evaluate.ipynb #5bdd0a84
+def summarize(rows, ks=(1, 5), by=("plan", "template")):
+    "A pandas table of top-k accuracy, mean target probability and counts (n, skipped) per `by` group."
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    if "skipped" not in df: df["skipped"] = False
+    ok = df[~df["skipped"].astype(bool)]
+    g = ok.groupby(list(by), sort=False)
+    out = pd.DataFrame({f"top{k}": g["rank"].apply(lambda r, k=k: float((r < k).mean())) for k in ks})
+    out["mean_prob"] = g["prob"].mean()
+    if "exact_match" in ok: out["exact_match"] = g["exact_match"].mean()
+    out["n"] = g.size()
+    out["skipped"] = df.groupby(list(by), sort=False)["skipped"].sum().reindex(out.index).fillna(0).astype(int)
+    return out.reset_index()
+
+# %% ../nbs/03_evaluate.ipynb #d0a2d03c
+import time
+from pathlib import Path
+
+def _load_roles(models: dict) -> tuple[dict, object]:
+    "Load each distinct model of a role -> (name | path | model) mapping once; return (role -> model, tokenizer)."
+    from dwg.models import load
+    loaded, out, tok = {}, {}, None
+    for role, m in models.items():
+        if isinstance(m, tuple): out[role], tok = m[0], tok or m[1]; continue
+        key = str(m)
+        if key not in loaded: loaded[key] = load(key)
+        out[role] = loaded[key][0]; tok = tok or loaded[key][1]
+    return out, tok
+
+def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0) -> list[dict]:
+    "Evaluation examples of a dataset directory, filtered by template names and fact split."
+    from dwg.data import load_split
+    exs = load_split(dataset_dir, "eval")
+    names = sorted({e["template"] for e in exs})
+    if templates != "all":
+        templates = [templates] if isinstance(templates, str) else list(templates)
+        bad = [t for t in templates if t not in names]
+        if bad: raise ValueError(f"Unknown evaluation template(s) {bad}; this dataset has: {', '.join(names)}.")
+        exs = [e for e in exs if e["template"] in templates]
+    if split != "all": exs = [e for e in exs if e.get("split") == split]
+    if not exs: raise ValueError(f"No evaluation examples in {dataset_dir} for templates={templates}, split={split}.")
+    return exs[:max_examples] if max_examples else exs
+
+def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templates="all", split="all",
+                 batch_size: int = 64, generate: bool = False, generated: str = "base", max_examples: int = 0,
+                 out_dir=None, seed: int = 0, config: dict | None = None):
+    "Score `plans` on a dataset's evaluation prompts with `models` (role -> model); write results + run record to `out_dir`."
+    from dwg.runs import write_jsonl, write_run_record
+    import pandas as pd
+    started = time.time()
+    plans = [get_plan(p) for p in plans]
+    need = sorted({r for p in plans for r in p.roles} - set(models))
+    if need: raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
+    examples = select_examples(dataset_dir, templates, split, max_examples)
+    bound, tok = _load_roles({r: m for r, m in models.items() if any(r in p.roles for p in plans)})
+    rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
+    info = Path(dataset_dir) / "dataset_info.json"
+    kind = __import__("json").loads(info.read_text()).get("kind") if info.exists() else None
+    base_name = str(models.get("pretrained", models.get("task", ""))) if not isinstance(models.get("pretrained"), tuple) else "in-memory"
+    for r in rows: r.update(experiment=experiment, model=base_name, dataset=kind)
+    if out_dir is not None:
+        write_jsonl(Path(out_dir) / "results.jsonl", rows)
+        skipped = sum(r["skipped"] for r in rows)
+        write_run_record(out_dir, config or dict(models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
+                         dataset_dir=str(dataset_dir), plans=[p.name for p in plans], experiment=experiment,
+                         templates=templates, split=split, batch_size=batch_size, generate=generate,
+                         generated=generated, max_examples=max_examples, seed=seed),
+                         started, n_rows=len(rows), n_skipped=skipped, n_examples=len(examples))
+    return pd.DataFrame(rows)

@@ -11,9 +11,9 @@ import torch
 
 # %% auto #0
 __all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'POSITION_PLANS', 'COMPONENT_SETS',
-           'COMPONENT_LAYERS', 'PAPER_PLANS', 'POSITION_FIGURE_PLANS', 'architecture', 'layer_groups', 'resolve_layers',
-           'graftable', 'resolve_components', 'check_compatible', 'graft', 'MissingSpan', 'resolve_positions', 'Rule',
-           'GraftPlan', 'dropped_layers', 'get_plan']
+           'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS', 'PAPER_PLANS', 'POSITION_FIGURE_PLANS', 'architecture',
+           'layer_groups', 'resolve_layers', 'graftable', 'resolve_components', 'check_compatible', 'graft',
+           'MissingSpan', 'resolve_positions', 'Rule', 'GraftPlan', 'dropped_layers', 'get_plan']
 
 # %% ../nbs/02_graft.ipynb #1d00f5b4
 _LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
@@ -271,7 +271,7 @@ def dropped_layers(layers: list[int], fraction: float, strategy: str = "random",
     if strategy == "count": return sorted(rng.sample(layers, len(layers) - round(fraction * len(layers))))
     raise ValueError(f"Unknown dropout_strategy '{strategy}': use 'random' or 'count'.")
 
-# %% ../nbs/02_graft.ipynb #9df69d9d
+# %% ../nbs/02_graft.ipynb #0ced78d3
 POSITION_PLANS = {"FE": ["first_actor"], "LT": ["last_token"], "FE+LT": ["first_actor", "last_token"],
                   "(FE+LT)^C": {"not": ["first_actor", "last_token"]}, "not_FE": {"not": ["first_actor"]},
                   "not_LT": {"not": ["last_token"]}, "M": ["movie_title"], "FE+M": ["first_actor", "movie_title"],
@@ -279,6 +279,8 @@ POSITION_PLANS = {"FE": ["first_actor"], "LT": ["last_token"], "FE+LT": ["first_
 COMPONENT_SETS = {"attn+ffn": ["attn", "ffn"], "o+ffn": ["o", "ffn"], "ffn": ["ffn"], "o": ["o"], "attn": ["attn"],
                   "q": ["q"], "k": ["k"], "v": ["v"], "q+k": ["q", "k"], "v+o": ["v", "o"]}
 COMPONENT_LAYERS = ["all", "last_half"]
+DEPTH_GROUPS = {"attn": ["attn"], "ffn": ["ffn"], "attn+ffn": ["attn", "ffn"]}
+QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
 
 def _paper_plans() -> dict[str, GraftPlan]:
     "Every plan of the paper, by name."
@@ -294,6 +296,11 @@ def _paper_plans() -> dict[str, GraftPlan]:
             plans[name] = GraftPlan(name, "task", [Rule("relation", ["last_token"], lg, comps)])
             plans[f"hybrid:{name}"] = GraftPlan(f"hybrid:{name}", "task", [Rule("relation", ["first_actor"]),
                                                                          Rule("relation", ["last_token"], lg, comps)])
+    for pos in ("FE", "LT"):  # where in depth: one layer quarter x one component group at FE or LT
+        for gname, comps in DEPTH_GROUPS.items():
+            for q in QUARTERS:
+                name = f"{pos}:{gname}@{q}"
+                plans[name] = GraftPlan(name, "pretrained", [Rule("finetuned", POSITION_PLANS[pos], q, comps)])
     return plans
 
 PAPER_PLANS = _paper_plans()

@@ -145,7 +145,7 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(q.shape)} vs {tuple(p.shape)}. "
                              "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune).")
 
-# %% ../nbs/02_graft.ipynb #3fc2d17c
+# %% ../nbs/02_graft.ipynb #dcf7470d
 def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     "The part of `mask` for an input of shape (batch, seq, ...): the last `seq` positions (e.g. `logits_to_keep=1`)."
     b, t = x.shape[0], x.shape[1]
@@ -154,24 +154,60 @@ def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
                          "make the mask (batch, seq) like input_ids.")
     return mask[:, mask.shape[1] - t:].to(x.device)
 
-def _splice(donor_module, mask: torch.Tensor, cols: torch.Tensor | None):
-    "A forward hook that replaces the module's output at masked positions (and `cols`) by the donor module's."
-    def hook(module, args, kwargs, out):
-        x = args[0] if args else next(iter(kwargs.values()))
-        m = _aligned(mask, x)
-        if not m.any(): return None
-        if x.shape[0] != m.shape[0]:  # a broadcast input, e.g. (1, seq) position ids
-            x = x.expand(m.shape[0], *x.shape[1:]); out = out.expand(m.shape[0], *out.shape[1:])
-        new = donor_module(x[m]).to(out.dtype)
-        out = out.clone()
-        if cols is None: out[m] = new
-        else:
-            rows = out[m]; c = cols.to(out.device)
-            rows[:, c] = new[:, c]; out[m] = rows
-        return out
-    return hook
+class _Splice:
+    """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
+    hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
+    a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get."""
+    def __init__(self, module):
+        self.entries, self.saved = [], None
+        self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
+                        module.register_forward_hook(self.after, with_kwargs=True)]
 
-# %% ../nbs/02_graft.ipynb #60010c77
+    def before(self, module, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()))
+        masks = [_aligned(m, x) for _, m, _ in self.entries]
+        if not any(m.any() for m in masks): self.saved = None; return None
+        if x.shape[0] != masks[0].shape[0]: x = x.expand(masks[0].shape[0], *x.shape[1:])  # e.g. (1, seq) position ids
+        owner = torch.zeros(masks[0].shape, dtype=torch.long, device=x.device)
+        for i, ((_, _, cols), m) in enumerate(zip(self.entries, masks)):
+            if cols is None: owner[m] = i + 1
+        self.saved = (x, masks, owner)
+        keep = x[owner == 0].unsqueeze(0)  # the recipient computes only the positions nobody grafts whole
+        if args: return (keep, *args[1:]), kwargs
+        return args, {**kwargs, next(iter(kwargs)): keep}
+
+    def after(self, module, args, kwargs, out):
+        if self.saved is None: return None
+        (x, masks, owner), self.saved = self.saved, None
+        full = out.new_empty((*owner.shape, *out.shape[2:]))
+        full[owner == 0] = out[0]
+        for i, (donor, _, cols) in enumerate(self.entries):
+            rows = owner == i + 1
+            if cols is None and rows.any(): full[rows] = donor(x[rows]).to(full.dtype)
+        for i, ((donor, _, cols), m) in enumerate(zip(self.entries, masks)):
+            if cols is None: continue
+            later = [mm for (_, _, c), mm in zip(self.entries[i + 1:], masks[i + 1:]) if c is None]
+            rows = m & ~torch.stack(later).any(0) if later else m
+            if rows.any():
+                part, c = full[rows], cols.to(full.device)
+                part[:, c] = donor(x[rows])[:, c].to(full.dtype); full[rows] = part
+        return full
+
+def _add_splice(module, entry):
+    "Register a graft entry on `module` (installing its hooks on first use)."
+    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", _Splice(module))
+    sp.entries.append(entry)
+
+def _remove_splice(module, entry):
+    "Unregister a graft entry; remove the hooks when none is left."
+    sp = module.__dict__.get("_dwg_splice")
+    if sp is None: return
+    sp.entries = [e for e in sp.entries if e is not entry]
+    if not sp.entries:
+        for h in sp.handles: h.remove()
+        del module.__dict__["_dwg_splice"]
+
+# %% ../nbs/02_graft.ipynb #5731c76a
 def _targets(recipient, donor, layers, components) -> list[tuple]:
     "(recipient module, donor module, output columns) for every module that the graft touches."
     arch, have = architecture(recipient), graftable(recipient)
@@ -209,13 +245,15 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
-    handles = [recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)]
+    check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
+    added = []
     try:
         for r, d, cols in targets:
-            handles.append(r.register_forward_hook(_splice(d, mask, cols), with_kwargs=True))
+            entry = (d, mask, cols); _add_splice(r, entry); added.append((r, entry))
         yield recipient
     finally:
-        for h in handles: h.remove()
+        check.remove()
+        for r, entry in added: _remove_splice(r, entry)
 
 # %% ../nbs/02_graft.ipynb #a6e88f8b
 class MissingSpan(KeyError):

@@ -187,7 +187,7 @@ def summarize(rows, ks=(1, 5), by=("plan", "template")):
     out["skipped"] = df.groupby(list(by), sort=False)["skipped"].sum().reindex(out.index).fillna(0).astype(int)
     return out.reset_index()
 
-# %% ../nbs/03_evaluate.ipynb #d0a2d03c
+# %% ../nbs/03_evaluate.ipynb #105a0b49
 import time
 from pathlib import Path
 
@@ -218,8 +218,8 @@ def select_examples(dataset_dir, templates="all", split="all", max_examples: int
 
 def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templates="all", split="all",
                  batch_size: int = 64, generate: bool = False, generated: str = "base", max_examples: int = 0,
-                 out_dir=None, seed: int = 0, config: dict | None = None):
-    "Score `plans` on a dataset's evaluation prompts with `models` (role -> model); write results + run record to `out_dir`."
+                 out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None):
+    "Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write results + run record."
     from dwg.runs import write_jsonl, write_run_record
     import pandas as pd
     started = time.time()
@@ -231,8 +231,8 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
     kind = __import__("json").loads(info.read_text()).get("kind") if info.exists() else None
-    base_name = str(models.get("pretrained", models.get("task", ""))) if not isinstance(models.get("pretrained"), tuple) else "in-memory"
-    for r in rows: r.update(experiment=experiment, model=base_name, dataset=kind)
+    model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
+    for r in rows: r.update(experiment=experiment, model=model_name, dataset=kind)
     if out_dir is not None:
         write_jsonl(Path(out_dir) / "results.jsonl", rows)
         skipped = sum(r["skipped"] for r in rows)

@@ -1,0 +1,133 @@
+import json, re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dwg import plots
+
+NB = Path(__file__).resolve().parents[1] / "nbs" / "experiments" / "figures.ipynb"
+
+
+@pytest.fixture(scope="module")
+def results():
+    "A synthetic results table with rows for every figure, two prompts, 12 facts."
+    return plots.synthetic_paper_results(n_facts=12, seed=0)
+
+
+def _layers(spec):
+    return spec["spec"]["layer"] if "spec" in spec else spec["layer"]
+
+
+def _mark(layer):
+    return layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
+
+
+def test_accuracy_table_bootstrap(results):
+    "Intervals contain the accuracy, are deterministic per seed, and narrow with more facts."
+    acc = plots.accuracy_table(results, k=5, n_boot=200)
+    assert ((acc.lo <= acc.accuracy + 1e-12) & (acc.accuracy <= acc.hi + 1e-12)).all()
+    pd.testing.assert_frame_equal(acc, plots.accuracy_table(results, k=5, n_boot=200))
+    assert not np.allclose(acc.lo, plots.accuracy_table(results, k=5, n_boot=200, seed=7).lo)
+
+    def width(n):
+        a = plots.accuracy_table(plots.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
+        r = a[a.metric == "top-1"].iloc[0]
+        return r.hi - r.lo
+    assert width(200) < width(20) / 2
+
+
+def test_accuracy_table_pools_facts_not_rows():
+    "Pooling prompts averages each fact first: a fact with more rows does not weigh more."
+    df = pd.DataFrame(dict(plan="X", fact_id=["a", "a", "a", "b"], template=["t1", "t2", "t3", "t1"],
+                           rank=[0, 0, 0, 9], skipped=False))
+    acc = plots.accuracy_table(df, k=5, by=["plan"], n_boot=50)
+    assert acc.set_index("metric").loc["top-1", "accuracy"] == 0.5  # (1 + 0) / 2 facts, not 3/4 rows
+    assert acc.n_facts.iloc[0] == 2 and acc.n.iloc[0] == 4
+
+
+def test_position_chart_spec(results):
+    "Figure 1: ordered bars (plan x metric), error bars, PRE/SFT rules, a panel per prompt."
+    d = plots.position_chart(results, k=5, n_boot=50).to_dict()
+    assert d["facet"]["field"] == "template"
+    layers = _layers(d)
+    assert [_mark(l) for l in layers] == ["bar", "rule", "rule"]
+    enc = layers[0]["encoding"]
+    assert enc["x"]["sort"] == [plots.plan_label(p) for p in plots.POSITION_ORDER]
+    assert (enc["xOffset"]["field"], enc["color"]["field"]) == ("metric", "metric")
+    assert enc["color"]["scale"]["domain"] == ["top-1", "top-5"]
+    assert (layers[1]["encoding"]["y"]["field"], layers[1]["encoding"]["y2"]["field"]) == ("lo", "hi")
+    assert layers[2]["encoding"]["strokeDash"]["sort"] == ["PRE", "SFT"]
+
+
+def test_other_chart_specs(results):
+    "Figures 2-5: the right plans, marks, encodings and facets."
+    d2 = plots.movie_chart(results, templates="pool", n_boot=50).to_dict()
+    assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == plots.MOVIE_ORDER
+    d3 = plots.component_chart(results, n_boot=50).to_dict()
+    assert d3["facet"]["row"]["field"] == "panel" and d3["facet"]["column"]["field"] == "variant"
+    assert _layers(d3)[0]["encoding"]["xOffset"]["field"] == "layers"
+    assert _layers(d3)[2]["encoding"]["strokeDash"]["sort"] == ["TASK", "RELATION", "FE+LT (all)"]
+    d4 = plots.depth_heatmap(results, n_boot=50).to_dict()
+    assert [_mark(l) for l in _layers(d4)] == ["rect", "text"]
+    assert d4["facet"]["column"]["field"] == "position"
+    assert _layers(d4)[0]["encoding"]["y"]["sort"] == list(plots.QUARTER_LABELS.values())
+    d5 = plots.generation_chart(results, n_boot=50).to_dict()
+    assert _layers(d5)[0]["encoding"]["color"]["scale"]["domain"] == ["top-1", "exact match"]
+    sel = plots.position_chart(results, templates="select", n_boot=20).to_dict()
+    assert sel["params"][0]["bind"]["input"] == "select"
+
+
+def test_save_chart_offline(results, tmp_path):
+    "PNG, SVG and self-contained HTML are written (no CDN script), with no temporary files left."
+    paths = plots.save_chart(plots.depth_heatmap(results, n_boot=20), tmp_path / "depth")
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    assert "<svg" in paths["svg"].read_text()[:500]
+    html = paths["html"].read_text()
+    assert "vegaEmbed" in html and not re.search(r'<script[^>]+src="https?://', html)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["depth.html", "depth.png", "depth.svg"]
+    assert paths["png"].stat().st_size < 300_000
+
+
+def _write_run(d: Path, rows: pd.DataFrame, finished=True):
+    d.mkdir(parents=True)
+    (d / "results.jsonl").write_text(rows.to_json(orient="records", lines=True))
+    if finished: (d / "run.json").write_text(json.dumps({"config": {}}))
+
+
+def test_figures_notebook(tmp_path, results):
+    "The figures notebook reads finished runs only, saves every figure and writes tables that match accuracy_table."
+    pm = pytest.importorskip("papermill")
+    runs, out = tmp_path / "runs", tmp_path / "figs"
+    pos = results[results.experiment == "positions"]
+    _write_run(runs / "results" / "pos1", pos)
+    _write_run(runs / "results" / "comp1", results[results.experiment == "components"])
+    _write_run(runs / "results" / "half", pos.assign(rank=0), finished=False)   # no run.json: must be ignored
+    pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
+                        parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200), progress_bar=False)
+    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation"]
+    assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
+        {"accuracy.csv", "positions.csv", "components.csv", "tables.md", "run.json"}
+    record = json.loads((out / "run.json").read_text())
+    assert record["synthetic_data"] is False and len(record["runs"]) == 2
+    assert "SYNTHETIC" not in (out / "positions.svg").read_text()
+    # The table behind figure 1 is accuracy_table's, prompts pooled, from the finished runs only:
+    want = plots.accuracy_table(pos, k=5, by=["model", "dataset", "plan"], n_boot=200)
+    got = pd.read_csv(out / "positions.csv").set_index("plan")
+    for plan in ["SFT", "(FE+LT)^C"]:
+        acc = want[(want.plan == plan) & (want.metric == "top-1")].iloc[0]
+        assert got.loc[plan, "top-1"] == f"{acc.accuracy:.2f} [{acc.lo:.2f}, {acc.hi:.2f}]"
+    md = (out / "tables.md").read_text()
+    assert "Figure 1" in md and "Figure 3" in md and "| LT:o+ffn@last_half |" in md
+    long = pd.read_csv(out / "accuracy.csv")
+    assert set(long.template) == {"stars_alongside", "costar", "all prompts"}
+
+
+def test_figures_notebook_no_results(tmp_path):
+    "With no finished results it fails clearly when synthetic='never' (the demo mode is run by nbdev_test)."
+    pm = pytest.importorskip("papermill")
+    with pytest.raises(pm.PapermillExecutionError, match="No finished results"):
+        pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
+                            parameters=dict(runs_dir=str(tmp_path), out_dir=str(tmp_path / "f"), synthetic="never"),
+                            progress_bar=False)

@@ -9,7 +9,7 @@ import torch
 from .graft import _targets
 
 # %% auto #0
-__all__ = ['naive_last_logits', 'run_benchmark', 'main']
+__all__ = ['naive_last_logits', 'make_standin_donor', 'run_benchmark', 'main']
 
 # %% ../nbs/07_bench.ipynb #c93339f7
 def _untie(model):
@@ -40,7 +40,7 @@ def naive_last_logits(recipient, grafts: list[tuple], input_ids: torch.Tensor) -
         cache = out.past_key_values
     return out.logits[0, -1].float()
 
-# %% ../nbs/07_bench.ipynb #0f6be2af
+# %% ../nbs/07_bench.ipynb #4ef5cd86
 def _rss_mb() -> float:
     "Peak resident memory of this process so far, in MB."
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -52,13 +52,15 @@ def _median_time(fn, repeat: int = 3) -> float:
         t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
     return statistics.median(times)
 
-def _perturbed(model, scale: float = 0.02, seed: int = 0):
-    "A stand-in donor: a copy of `model` with small random changes to every weight."
-    donor = copy.deepcopy(model)
+def make_standin_donor(model: str, out_dir, scale: float = 0.02, seed: int = 0) -> str:
+    "Save a stand-in donor: `model` with small random changes to every weight (for timing and equality checks)."
+    from dwg.models import load
+    donor, tok = load(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in donor.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
-    return donor
+    donor.save_pretrained(out_dir); tok.save_pretrained(out_dir)
+    return str(out_dir)
 
 def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: int = 64, n_original: int = 3,
                   n_facts: int = 100, workdir: str | None = None) -> dict:
@@ -68,12 +70,17 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     from dwg.data import create_dataset, load_split
     from dwg.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
     from dwg.graft import get_plan, POSITION_FIGURE_PLANS
-    res = dict(model=model, batch=batch, threads=torch.get_num_threads())
+    import subprocess
+    workdir = workdir or tempfile.mkdtemp()
+    if donor is None:  # made in a child process, so that making it does not count in this process's peak memory
+        donor = f"{workdir}/donor"
+        code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
     rss0 = _rss_mb()
     base, tok = load(model)
-    don = load(donor)[0] if donor else _perturbed(base)
+    don = load(donor)[0]
     res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
-    workdir = workdir or tempfile.mkdtemp()
     ds = create_dataset("fake_movies_fake_actors", n_facts=max(n_facts, batch), seed=0, out_dir=f"{workdir}/ds")
     template = "stars_alongside" if any(e["template"] == "stars_alongside" for e in load_split(ds, "eval")) else None
     exs = [e for e in load_split(ds, "eval") if template is None or e["template"] == template]

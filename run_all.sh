@@ -11,6 +11,8 @@ Usage: ./run_all.sh [COMMAND] [OPTIONS]
 
 Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
+  status         done / running / failed / pending runs per stage of a runs directory (--runs DIR or --profile NAME),
+                 with the executed notebook of each failed run
   test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
                  prepare the embedded model under $DWG_HOME (default ~/.cache/dwg)
@@ -20,8 +22,12 @@ Commands:
 
 Options (after the command):
   --profile NAME   sweep profile for `run`: embedded (default), smoke, paper
-  --slurm          submit the sweep to Slurm instead of running locally
-  --runs DIR       where runs are written (default ./runs)
+  --sweep FILE     a sweep YAML file instead of a packaged profile
+  --slurm          submit the sweep to Slurm instead of running locally (one job array per stage); with --wait,
+                   wait for the jobs and print the status; --partition/--time/--mem/--cpus/--gpus/--setup override
+                   the sweep file's slurm: section
+  -j N             local: run N runs at once
+  --runs DIR       where runs are written (default ./runs/<profile>)
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
              DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
@@ -60,7 +66,11 @@ case "$cmd" in
     echo "dwg: pytest"; "$VENV/bin/python" -m pytest -q tests "$@"
     ;;
   bench) setup; HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.bench "$@" ;;
-  run|--profile|--slurm|--runs)
+  status)
+    setup >/dev/null
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep status "$@"
+    ;;
+  run|--profile|--sweep|--slurm|--wait|--runs|-j)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
     export HF_HUB_OFFLINE=1

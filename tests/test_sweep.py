@@ -1,0 +1,262 @@
+"""dwg.sweep: expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
+interruptions), and the smoke profile with the real experiment notebooks."""
+import json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+import pytest, yaml
+from dwg import sweep as sw
+from _sweep_helpers import (REPO, STANDIN_SWEEP, standin_setup, sweep_cli, states, run_key, marker_snapshot,
+                            real_notebooks_missing, results_table)
+
+
+def raw(profile="smoke"):
+    return yaml.safe_load((sw.sweeps_dir() / f"{profile}.yaml").read_text())
+
+
+# --- expansion and ids -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("profile", ["smoke", "embedded", "paper"])
+def test_profiles_expand_with_stable_ids(profile):
+    "Every packaged profile expands; the same file gives the same ids; ids are unique; stages come in order."
+    a, b = sw.expand(profile), sw.expand(profile)
+    assert [r.key for r in a] == [r.key for r in b]
+    assert len({r.key for r in a}) == len(a)
+    order = [sw.STAGE_ORDER.index(r.stage) for r in a]
+    assert order == sorted(order)
+    for r in a:   # inputs come earlier in the graph
+        assert all(i in {x.key for x in a[:a.index(r)]} for i in r.inputs)
+
+
+def test_smoke_graph_shape():
+    "smoke = one dataset, SFT + task + relation models, one run per grafting experiment with all plans, figures."
+    g = sw.expand("smoke")
+    assert [r.stage for r in g] == ["datasets", "models", "models", "models", "graft_positions", "graft_components", "figures"]
+    assert sorted(r.params["split"] for r in g if r.stage == "models") == ["all", "relation", "task"]
+    from dwg.graft import PAPER_PLANS
+    plans = [p for r in g if r.stage.startswith("graft_") for p in r.params["plans"]]
+    assert sorted(plans) == sorted(PAPER_PLANS)
+
+
+def test_ids_change_with_config_and_only_downstream():
+    "A dataset change renews it and everything downstream; a grafting option renews only its runs and the figures."
+    base = {r.key for r in sw.expand("smoke")}
+    def renewed(path, value):
+        d = raw(); node = d
+        *head, last = path.split(".")
+        for k in head: node = node[k]
+        node[last] = value
+        return sorted({r.stage for r in sw.expand(d) if r.key not in base})
+    assert renewed("datasets.fake4.seed", 1) == ["datasets", "figures", "graft_components", "graft_positions", "models"]
+    assert renewed("train.config", "embedded") == ["figures", "graft_components", "graft_positions", "models"]
+    assert renewed("graft_components.plans", ["TASK", "RELATION"]) == ["figures", "graft_components"]
+    assert renewed("figures.k", 1) == ["figures"]
+    assert renewed("description", "other words") == []
+
+
+def test_ids_do_not_depend_on_the_runs_dir(tmp_path):
+    "Two runs directories give the same ids (references are resolved only when a run executes)."
+    nbs, sweep = standin_setup(tmp_path)
+    a = sw.make_graph(str(sweep), tmp_path / "a", nbs)
+    b = sw.make_graph(str(sweep), tmp_path / "b", nbs)
+    assert [r["id"] for r in a["runs"]] == [r["id"] for r in b["runs"]]
+
+
+def test_training_profile_content_is_in_the_id(tmp_path):
+    "Editing the training profile file (same name) renews the models and what depends on them."
+    prof = tmp_path / "mine.yaml"
+    prof.write_text((Path(sw.__file__).parent / "configs" / "tiny.yaml").read_text())
+    d = raw(); d["train"]["config"] = str(prof)
+    before = {r.key for r in sw.expand(d)}
+    cfg = yaml.safe_load(prof.read_text()); cfg["epochs"] += 1
+    prof.write_text(yaml.safe_dump(cfg))
+    assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components", "graft_positions", "models"]
+
+
+# --- errors before anything runs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(modles=["x"]), "unknown key 'modles'"),
+    (lambda d: d["graft_positions"].update(plan=["FE"]), "graft_positions: unknown key 'plan'"),
+    (lambda d: d["datasets"]["fake4"].update(facts=3), "datasets.fake4: unknown key 'facts'"),
+    (lambda d: d["slurm"].update(stages={"model": {"time": "1:00:00"}}), "slurm.stages: unknown key 'model'"),
+    (lambda d: d["graft_positions"].update(plans=["FE", "FE+LTT"]), "unknown plan(s) 'FE+LTT'"),
+    (lambda d: d["graft_components"].update(plans="everything"), "unknown plan(s) 'everything'"),
+    (lambda d: d["graft_positions"].update(plans=["LT:o+ffn@all"]), "need models ['relation', 'task']"),
+    (lambda d: d["graft_positions"].update(templates=["nope"]), "unknown template(s) ['nope']"),
+    (lambda d: d["datasets"]["fake4"].update(kind="fake"), "unknown kind 'fake'"),
+    (lambda d: d["datasets"]["fake4"].update(n_facts=10**7), "n_facts must be an integer in [2,"),
+    (lambda d: d["train"].update(config="tinyy"), "unknown training profile 'tinyy'"),
+    (lambda d: d.update(models=["tiny-lama"]), "unknown model 'tiny-lama'"),
+])
+def test_sweep_file_errors(tmp_path, change, message):
+    "Each mistake is a clear error naming it."
+    d = raw(); change(d)
+    with pytest.raises(sw.SweepError) as e: sw.load_sweep(d)
+    assert message in str(e.value)
+
+
+def test_sweep_file_errors_cli(tmp_path):
+    "From the CLI: exit 2, the problems listed together, nothing written."
+    d = raw(); d["graft_positions"]["plan"] = ["FE"]; d["datasets"]["fake4"]["kind"] = "fake"
+    f = tmp_path / "bad.yaml"; f.write_text(yaml.safe_dump(d))
+    r = sweep_cli("run", "--sweep", f, "--runs", tmp_path / "runs")
+    assert r.returncode == 2 and "2 problem(s)" in r.stderr and "unknown key 'plan'" in r.stderr and "unknown kind 'fake'" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_trained_model(tmp_path):
+    "A model/dataset pair that a grafting section needs but train.pairs does not fine-tune is an error."
+    d = raw(); d["models"] = ["tiny-llama", "tiny-gpt2"]; d["train"]["pairs"] = [["tiny-llama", "fake4"]]
+    with pytest.raises(sw.SweepError, match="No trained model for model 'tiny-gpt2' on dataset 'fake4'"): sw.expand(d)
+    d["graft_positions"]["pairs"] = d["graft_components"]["pairs"] = [["tiny-llama", "fake4"]]
+    assert {r.params["model"] for r in sw.expand(d) if r.stage == "models"} == {"tiny-llama"}
+    d["graft_positions"]["pairs"] = [["tiny-llama", "fake9"]]
+    with pytest.raises(sw.SweepError, match="dataset 'fake9' is not in the sweep's datasets"): sw.expand(d)
+
+
+def test_notebook_checks(tmp_path):
+    "A notebook without a `parameters` cell, or missing a parameter the sweep passes, is an error before running."
+    nbs, sweep = standin_setup(tmp_path)
+    nb = json.loads((nbs / "train.ipynb").read_text())
+    nb["cells"][1]["source"] = nb["cells"][1]["source"].replace('direction = "all"\n', "")
+    (nbs / "train.ipynb").write_text(json.dumps(nb))
+    r = sweep_cli("run", "--sweep", sweep, "--runs", tmp_path / "runs", "--notebooks", nbs)
+    assert r.returncode == 2 and "passes ['direction'] but the parameters cell" in r.stderr
+    nb["cells"][1]["metadata"] = {}
+    (nbs / "train.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(sw.SweepError, match="no cell tagged 'parameters'"): sw.make_graph(str(sweep), tmp_path / "r", nbs)
+    (nbs / "figures.ipynb").unlink()
+    with pytest.raises(sw.SweepError, match="figures.ipynb does not exist"): sw.make_graph(str(sweep), tmp_path / "r", nbs)
+
+
+def test_slurm_without_sbatch(tmp_path):
+    "`--slurm` where no sbatch exists: a clear error, exit 2, nothing written or submitted."
+    nbs, sweep = standin_setup(tmp_path)
+    bindir = tmp_path / "bin"; bindir.mkdir()
+    (bindir / "python").symlink_to(sys.executable)
+    r = sweep_cli("run", "--sweep", sweep, "--runs", tmp_path / "runs", "--notebooks", nbs, "--slurm",
+                  env={"PATH": str(bindir)})
+    assert r.returncode == 2 and "needs Slurm's `sbatch`, which is not on PATH" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# --- local runs with stand-in notebooks ---------------------------------------------------------------------------
+def test_local_run_then_rerun_skips(tmp_path):
+    "A local sweep finishes every run (executed notebooks kept); a rerun skips them all and rewrites nothing."
+    nbs, sweep = standin_setup(tmp_path)
+    rd = tmp_path / "runs"
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "-j", "2", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "graft_positions" in r.stdout and "run time" in r.stdout     # the per-stage summary
+    st = states(rd)
+    assert len(st) == 10 and {i["state"] for i in st.values()} == {"done"}
+    for key in st:
+        stage, rid = key.split("/")
+        assert (rd / stage / rid / "notebook.ipynb").is_file() and not (rd / stage / f"{rid}.tmp").exists()
+    fig = json.loads(next((rd / "figures").glob("*/tables.json")).read_text())
+    assert len(fig["results"]) == 3
+    snap = marker_snapshot(rd)
+    again = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
+    assert again.returncode == 0 and "10 runs, 10 already done" in again.stdout
+    assert marker_snapshot(rd) == snap
+
+
+def test_failed_run_is_reported_blocks_dependants_and_is_retried(tmp_path):
+    """A raising run is reported failed with its notebook; its dependants are blocked, the rest finish; a rerun
+    retries only the failed and blocked runs."""
+    nbs, sweep = standin_setup(tmp_path, graft_components=False)
+    rd = tmp_path / "runs"
+    g = sw.make_graph(str(sweep), rd, nbs)
+    sft2 = next(r for r in sw.graph_runs(g) if r.label == "tiny-llama:d2:sft")
+    fail = {"DWG_STANDIN_FAIL": f"models/{sft2.id}/"}     # only the position run reading that model
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress", env=fail)
+    assert r.returncode == 1
+    st = states(rd)
+    bad = run_key(rd, "graft_positions", "tiny-llama:d2")
+    assert st[bad]["state"] == "failed" and "stand-in failure" in st[bad]["error"]
+    nb = Path(st[bad]["notebook"]); assert nb.is_file() and "stand-in failure" in nb.read_text()
+    assert f"FAILED {bad}" in r.stdout and str(nb) in r.stdout
+    assert st[run_key(rd, "figures", "standin")]["state"] == "pending"
+    assert {k for k, i in st.items() if i["state"] == "done"} == set(st) - {bad, run_key(rd, "figures", "standin")}
+    status = sweep_cli("status", "--runs", rd)
+    assert "FAILED" in status.stdout and str(nb) in status.stdout
+    snap = marker_snapshot(rd)
+    again = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {i["state"] for i in states(rd).values()} == {"done"}
+    after = marker_snapshot(rd)
+    assert {k: v for k, v in after.items() if k in snap} == snap and len(after) == len(snap) + 2
+
+
+def _wait_for(cond, timeout=120, every=0.05):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (v := cond()): return v
+        time.sleep(every)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT-group"])
+def test_interrupted_sweep_resumes(tmp_path, how):
+    """Kill a local sweep mid-way (SIGKILL of the sweep alone / Ctrl-C to the whole process group) and rerun: nothing
+    finished is redone or lost, nothing half-written counts as done, and the interrupted training resumes."""
+    nbs, sweep = standin_setup(tmp_path, graft_components=False)
+    rd = tmp_path / "runs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "1.0"}; env.pop("IN_TEST", None)
+    proc = subprocess.Popen([sys.executable, "-m", "dwg.sweep", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
+                             "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        models = rd / "models"
+        def mid_training():   # one training finished and the next one has a checkpoint but is not finished
+            done = [p for p in models.glob("*/model/run.json")] if models.is_dir() else []
+            part = [p for p in models.glob("*.tmp/model.tmp/checkpoint-0")] if models.is_dir() else []
+            return done and part and part[0]
+        ck0 = _wait_for(mid_training)
+    finally:
+        if how == "SIGKILL": proc.kill()
+        else: os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0].decode()
+    partial = ck0.parent.parent                      # models/<id>.tmp
+    # the children stop too: soon no run holds its lock
+    _wait_for(lambda: all(i["state"] != "running" for i in states(rd).values()), timeout=30, every=0.5)
+    time.sleep(1.5)                                   # let an orphaned kernel (if any) notice its parent died
+    st = states(rd)
+    key = f"models/{partial.name[:-4]}"
+    assert st[key]["state"] == "interrupted", (st[key], out)
+    assert not (rd / "models" / partial.name[:-4]).exists()
+    for k, i in st.items():                           # a final directory always holds a finished run
+        stage, rid = k.split("/")
+        if (rd / stage / rid).exists(): assert i["state"] == "done"
+    snap = marker_snapshot(rd)
+    checkpointed = sorted(int(p.name.split("-")[1]) for p in (partial / "model.tmp").glob("checkpoint-*"))
+    steps_before = (partial / "steps.log").read_text().split()
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {i["state"] for i in states(rd).values()} == {"done"}
+    after = marker_snapshot(rd)
+    assert {k: v for k, v in after.items() if k in snap} == snap          # finished runs untouched
+    steps = (rd / "models" / partial.name[:-4] / "steps.log").read_text().split()
+    assert steps[:len(steps_before)] == steps_before and sorted(map(int, steps)) == [0, 1, 2]
+    assert not set(map(int, steps[len(steps_before):])) & set(checkpointed)   # resumed, not restarted
+    assert (rd / "models" / partial.name[:-4] / "notebook.attempt-1.ipynb").is_file()
+
+
+# --- the smoke profile with the real notebooks --------------------------------------------------------------------
+def smoke_runs_dir(tmp_path_factory):
+    "Where the local smoke run goes: $DWG_TEST_SMOKE_DIR (shared with tests/test_slurm.py in CI) or a temp dir."
+    return Path(os.environ.get("DWG_TEST_SMOKE_DIR") or tmp_path_factory.mktemp("smoke") / "runs")
+
+
+@pytest.mark.skipif(bool(real_notebooks_missing()), reason=f"experiment notebooks not written yet: {real_notebooks_missing()}")
+def test_smoke_profile_runs_locally_under_3_minutes(tmp_path_factory):
+    "The smoke profile (tiny model, tiny dataset, all plans, figures) runs locally end to end in < 3 minutes."
+    rd = smoke_runs_dir(tmp_path_factory)
+    shutil.rmtree(rd, ignore_errors=True)
+    t0 = time.time()
+    r = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--no-progress")
+    took = time.time() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(r.stdout)
+    assert {i["state"] for i in states(rd).values()} == {"done"}
+    table = results_table(rd)
+    from dwg.graft import PAPER_PLANS
+    assert {k[1] for k in table} == set(PAPER_PLANS)
+    assert took < 180, f"smoke took {took:.0f}s"

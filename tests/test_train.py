@@ -1,0 +1,183 @@
+"Fine-tuning (dwg.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
+import json, os
+os.environ["HF_HUB_OFFLINE"] = "1"
+from pathlib import Path
+import pytest, torch
+from transformers import TrainerCallback
+from dwg import data, models, train as T
+from dwg.evaluate import first_token_scores
+
+TINY = dict(config="tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    "A tiny fake-movies dataset: 4 facts (2 task, 2 relation), 28 training texts per fact."
+    return data.create_dataset("fake_movies_fake_actors", 4, seed=0, out_dir=tmp_path_factory.mktemp("data") / "ds")
+
+
+def weights(path):
+    model, _ = models.load(path)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def mean_target_prob(model, tok, ds_dir):
+    rows = first_token_scores(model, tok, data.load_split(ds_dir, "eval"))
+    return sum(r["prob"] for r in rows) / len(rows)
+
+
+def test_tiny_finetune_raises_target_probability(ds, tmp_path):
+    "Training a tiny model for a few seconds raises the probability of the trained facts' targets many times over."
+    out = T.train("tiny-llama", ds, tmp_path / "sft", overrides=dict(epochs=2, batch_size=8), **TINY)
+    pre, tok = models.load("tiny-llama")
+    sft, _ = models.load(out)
+    p0, p1 = mean_target_prob(pre, tok, ds), mean_target_prob(sft, tok, ds)
+    assert p1 > 20 * p0, (p0, p1)
+    summary = json.loads((out / T.SUMMARY).read_text())
+    epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)   # the callback measured the saved model
+    n_train = len(data.load_split(ds, "train"))
+    assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8) and summary["wall_time_s"] > 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "train_config.yaml", "metrics.json", "dataset"} <= \
+        {p.name for p in out.iterdir()}
+    assert (out / "dataset" / "dataset_info.json").read_text() == (ds / "dataset_info.json").read_text()
+    assert not (out / "checkpoints").exists() and not T.work_dir(out).exists()
+
+
+class Interrupt(Exception): pass
+
+class StopAfterFirstSave(TrainerCallback):
+    "Simulate a killed job: raise right after the first checkpoint is written."
+    def on_save(self, args, state, control, **kw): raise Interrupt(f"stopped at step {state.global_step}")
+
+
+def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_path):
+    "An interrupted run leaves no finished-looking output; rerunning resumes and gives the same model as one go."
+    kw = dict(split="task", direction="A2B", overrides=dict(epochs=3, batch_size=8), seed=1, **TINY)
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupt):
+        T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
+    assert not out.exists() and not T.is_finished(out)
+    n_texts = len([r for r in data.load_split(ds, "train", split="task") if r["direction"] == "A2B"])
+    per_epoch = -(-n_texts // 8)
+    assert [p.name for p in (T.work_dir(out) / "checkpoints").iterdir()] == [f"checkpoint-{per_epoch}"]
+    T.train("tiny-llama", ds, out, **kw)
+    summary = json.loads((out / T.SUMMARY).read_text())
+    assert summary["resumed_from"].endswith(f"checkpoint-{per_epoch}") and summary["global_step"] == 3 * per_epoch
+    epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3] and all("recall_top1" in e for e in epochs)
+    straight = T.train("tiny-llama", ds, tmp_path / "straight", **kw)
+    a, b = weights(out), weights(straight)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_deterministic_for_a_seed(ds, tmp_path):
+    "The same seed gives bit-identical weights on CPU; another seed gives different ones."
+    kw = dict(overrides=dict(max_steps=4, batch_size=8), **TINY)
+    a = weights(T.train("tiny-llama", ds, tmp_path / "a", seed=3, **kw))
+    b = weights(T.train("tiny-llama", ds, tmp_path / "b", seed=3, **kw))
+    c = weights(T.train("tiny-llama", ds, tmp_path / "c", seed=4, **kw))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
+    "A finished run is returned as is; force=True trains again."
+    kw = dict(overrides=dict(max_steps=2), **TINY)
+    out = T.train("tiny-llama", ds, tmp_path / "run", **kw)
+    stamp = (out / T.SUMMARY).read_text()
+    T.train("tiny-llama", ds, out, **kw)
+    assert (out / T.SUMMARY).read_text() == stamp
+    T.train("tiny-llama", ds, out, force=True, **kw)
+    assert (out / T.SUMMARY).read_text() != stamp and T.is_finished(out)
+
+
+def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
+    "A half-finished run is only resumed with the same settings; anything else asks for force=True."
+    out = tmp_path / "run"
+    with pytest.raises(Interrupt):
+        T.train("tiny-llama", ds, out, overrides=dict(epochs=2), callbacks=[StopAfterFirstSave()], **TINY)
+    with pytest.raises(ValueError, match="force=True"):
+        T.train("tiny-llama", ds, out, overrides=dict(epochs=3), **TINY)
+    T.train("tiny-llama", ds, out, overrides=dict(epochs=3, max_steps=2), force=True, **TINY)
+    assert json.loads((out / T.SUMMARY).read_text())["resumed_from"] is None
+
+
+def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
+    "Split/direction select the texts; a frozen output head does not change; answer-only loss trains."
+    out = T.train("tiny-pythia", ds, tmp_path / "rel", split="relation", direction="B2A",
+                  overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True), **TINY)
+    s = json.loads((out / T.SUMMARY).read_text())
+    n_texts = len([r for r in data.load_split(ds, "train") if r["split"] == "relation" and r["direction"] == "B2A"])
+    assert (s["split"], s["direction"], s["n_facts"], s["n_train_texts"]) == ("relation", "B2A", 2, n_texts)
+    assert s["frozen"] == ["lm_head.weight"]
+    before, after = weights("tiny-pythia"), weights(out)
+    assert torch.equal(before["lm_head.weight"], after["lm_head.weight"])
+    assert not torch.equal(before["gpt_neox.embed_in.weight"], after["gpt_neox.embed_in.weight"])
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(overrides=dict(learning_rat=1e-3)), ValueError, r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\).*Valid keys: description, learning_rate"),
+    (dict(overrides=dict(epochs="lots")), ValueError, "'epochs' in the overrides must be float"),
+    (dict(overrides=dict(precision="fp8")), ValueError, "choose one of: auto, bf16, fp16, fp32"),
+    (dict(overrides=dict(trainer=dict(output_dir="x"))), ValueError, "set by dwg.train itself"),
+    (dict(config="no-such-profile"), ValueError, "Unknown training profile 'no-such-profile'"),
+    (dict(model="tiny-lama"), ValueError, "Unknown model 'tiny-lama'"),
+    (dict(model="pythia-2.8b"), RuntimeError, "no model hub is reachable"),
+    (dict(split="both"), ValueError, "split must be one of all, task, relation"),
+])
+def test_bad_inputs_fail_before_training(ds, tmp_path, kw, error, match):
+    "Bad configs, models and filters raise clear errors and create nothing."
+    kw = {"model": "tiny-llama", **TINY, **kw}
+    with pytest.raises(error, match=match):
+        T.train(kw.pop("model"), ds, tmp_path / "out", **kw)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_files_that_do_not_parse(ds, tmp_path):
+    "A YAML profile with a syntax error, a list, or an unknown key is reported with its path."
+    for text, match in [("learning_rate: [1e-4\n", "does not parse as YAML"), ("- 1\n", "must be a mapping"),
+                        ("epochs: 2\nwarmup: 3\n", "'warmup'.*bad.yaml")]:
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            T.train("tiny-llama", ds, tmp_path / "out", config=tmp_path / "bad.yaml", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_dataset_problems(ds, tmp_path):
+    "A missing or half-written dataset directory, or one made for another tokenizer, is refused."
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        T.train("tiny-llama", tmp_path / "nope", tmp_path / "out", **TINY)
+    (tmp_path / "half").mkdir(); (tmp_path / "half" / "train.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match="lacks dataset_info.json"):
+        T.train("tiny-llama", tmp_path / "half", tmp_path / "out", **TINY)
+    other = tmp_path / "other"
+    import shutil; shutil.copytree(ds, other)
+    info = json.loads((other / "dataset_info.json").read_text())
+    (other / "dataset_info.json").write_text(json.dumps({**info, "tokenizer": {"name": "gpt2", "vocab_size": 50257}}))
+    with pytest.raises(ValueError, match="vocab_size 50257"):
+        T.train("tiny-llama", other, tmp_path / "out", **TINY)
+    rows = data.load_split(ds, "eval")
+    (other / "dataset_info.json").write_text(json.dumps(info))
+    (other / "eval.jsonl").write_text("".join(json.dumps({**r, "prompt": r["prompt"] + " ", "target": r["target"].lstrip()}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="do not tokenize cleanly"):
+        T.train("tiny-llama", other, tmp_path / "out", **TINY)
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_foreign_directory_is_not_overwritten(ds, tmp_path):
+    "An out_dir that holds something else is refused rather than replaced."
+    out = tmp_path / "mine"; out.mkdir(); (out / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a finished training run"):
+        T.train("tiny-llama", ds, out, **TINY)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_best_checkpoint_by_eval_loss(ds, tmp_path):
+    "With best_by_eval_loss the run records (and keeps) the epoch with the lowest validation loss."
+    out = T.train("tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY)
+    s = json.loads((out / T.SUMMARY).read_text())
+    epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+    losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
+    assert s["best_eval_loss"] == pytest.approx(min(losses.values())) and losses[s["best_step"]] == s["best_eval_loss"]

@@ -26,10 +26,12 @@ def test_profiles_expand_with_stable_ids(profile):
 
 
 def test_smoke_graph_shape():
-    "smoke = one dataset, SFT + task + relation models, one run per grafting experiment with all plans, figures."
+    "smoke = one dataset, task + relation models (the relation model is the SFT model), one run per grafting experiment, figures."
     g = sw.expand("smoke")
-    assert [r.stage for r in g] == ["datasets", "models", "models", "models", "graft_positions", "graft_components", "figures"]
-    assert sorted(r.params["split"] for r in g if r.stage == "models") == ["all", "relation", "task"]
+    assert [r.stage for r in g] == ["datasets", "models", "models", "graft_positions", "graft_components", "figures"]
+    assert sorted(r.params["split"] for r in g if r.stage == "models") == ["relation", "task"]
+    relation = next(r for r in g if r.stage == "models" and r.params["split"] == "relation")
+    assert next(r for r in g if r.stage == "graft_positions").inputs[-1] == relation.key
     from dwg.graft import PAPER_PLANS
     plans = [p for r in g if r.stage.startswith("graft_") for p in r.params["plans"]]
     assert sorted(plans) == sorted(PAPER_PLANS)

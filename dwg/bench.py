@@ -40,17 +40,25 @@ def naive_last_logits(recipient, grafts: list[tuple], input_ids: torch.Tensor) -
         cache = out.past_key_values
     return out.logits[0, -1].float()
 
-# %% ../nbs/07_bench.ipynb #4ef5cd86
+# %% ../nbs/07_bench.ipynb #dede5ab9
 def _rss_mb() -> float:
     "Peak resident memory of this process so far, in MB."
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-def _median_time(fn, repeat: int = 3) -> float:
-    "Median wall time of `fn()` over `repeat` runs (after one warm-up)."
-    fn(); times = []
+def _median_times(fns: dict, repeat: int = 7) -> dict:
+    "Median wall time of each function, the functions interleaved (one warm-up each), so drifting load hits all alike."
+    for fn in fns.values(): fn()
+    times = {k: [] for k in fns}
     for _ in range(repeat):
-        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t = time.perf_counter(); fn(); times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+def _load_code(checkpoint) -> None:
+    "Import what loading `checkpoint` imports (its model class on the meta device, its tokenizer), without weights."
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint))
+    AutoTokenizer.from_pretrained(checkpoint)
 
 def make_standin_donor(model: str, out_dir, scale: float = 0.02, seed: int = 0) -> str:
     "Save a stand-in donor: `model` with small random changes to every weight (for timing and equality checks)."
@@ -77,6 +85,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
         code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
         subprocess.run([sys.executable, "-c", code], check=True)
     res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
+    _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
     rss0 = _rss_mb()
     base, tok = load(model)
     don = load(donor)[0]
@@ -91,9 +100,10 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     def plain(): return last_logits(base, prep["batch"])
     def engine():
         with grafted(plan, models, masks): return last_logits(base, prep["batch"])
-    res["plain_forward_s"], res["grafted_forward_s"] = _median_time(plain), _median_time(engine)
+    t = _median_times(dict(plain=plain, grafted=engine))
+    res["plain_forward_s"], res["grafted_forward_s"] = t["plain"], t["grafted"]
     res["grafted_over_plain"] = res["grafted_forward_s"] / res["plain_forward_s"]
-    res["peak_rss_mb_engine"] = _rss_mb(); res["rss_before_models_mb"] = rss0
+    res["peak_rss_mb_engine"] = _rss_mb(); res["rss_code_loaded_mb"] = rss0
     res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
     res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
     fast = engine().softmax(-1)
@@ -112,6 +122,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     evaluate_plans(POSITION_FIGURE_PLANS, models, tok, sweep_exs, batch_size=batch, progress=False)
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(POSITION_FIGURE_PLANS)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
+    res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
     return res
 
 def main(argv=None):

@@ -9,7 +9,8 @@ from tqdm.auto import tqdm
 
 # %% auto #0
 __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'first_token_scores', 'top_k', 'prepare',
-           'rule_masks', 'grafted', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples', 'run_grafting']
+           'rule_masks', 'grafted', 'first_grafted_column', 'SharedPrefix', 'plan_forward', 'score_plan',
+           'evaluate_plans', 'summarize', 'select_examples', 'run_grafting']
 
 # %% ../nbs/03_evaluate.ipynb #8dc1e565
 def encode(tokenizer, prompts: list[str], device=None) -> dict:
@@ -112,36 +113,80 @@ def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0) -> Exi
         stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
 
-# %% ../nbs/03_evaluate.ipynb #1868b1a9
+# %% ../nbs/03_evaluate.ipynb #b9544b72
+def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
+    "The first column that any mask grafts in any row (`width` when none does)."
+    hit = torch.stack(masks).any(0).any(0).nonzero() if masks else torch.zeros(0)
+    return int(hit[0]) if len(hit) else width
+
+def _columns(batch: dict, start: int, stop: int | None = None) -> dict:
+    "Columns `start:stop` of a batch; the attention mask keeps every column up to `stop` (it also covers the cache)."
+    return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
+                attention_mask=batch["attention_mask"][:, :stop])
+
+class SharedPrefix:
+    "The base model's keys and values over a batch's leading columns, shared by the plans that graft nothing there."
+    def __init__(self, model, batch: dict):
+        self.model, self.batch, self.cache, self.croppable = model, batch, None, True
+
+    @torch.no_grad()
+    def take(self, start: int):
+        "A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped)."
+        if start == 0 or not self.croppable: return None
+        if self.cache is None or self.cache.get_seq_length() < start:
+            self.cache = self.model(**_columns(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
+            self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
+            if not self.croppable: self.cache = None; return None  # e.g. sliding-window layers (Gemma 2/3)
+        extra = self.cache.get_seq_length() - start
+        if extra: self.cache.crop(-extra)
+        return self.cache
+
 @torch.no_grad()
-def _generate(plan, models, prep, masks, n_new: int, generated: str, seed: int) -> torch.Tensor:
-    "Greedy continuation ids (batch, n_new) of the prepared prompts under `plan`."
+def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None):
+    "Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns)."
+    width = batch["input_ids"].shape[1]
+    start = min(first_grafted_column(masks, width), width - 1)
+    cache = prefix.take(start) if prefix is not None else None
+    if cache is None: start = 0
+    with grafted(plan, models, masks, seed):
+        out = models[plan.base](**_columns(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float(), out.past_key_values
+
+# %% ../nbs/03_evaluate.ipynb #7b1f4411
+def _extend(batch: dict, masks: list[torch.Tensor], nxt: torch.Tensor, generated: str) -> tuple[dict, list]:
+    "The batch and masks with one more column holding the tokens `nxt` (batch, 1)."
+    batch = dict(input_ids=torch.cat([batch["input_ids"], nxt], 1),
+                 attention_mask=torch.cat([batch["attention_mask"], torch.ones_like(nxt)], 1),
+                 position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1))
+    return batch, [torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks]
+
+@torch.no_grad()
+def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: str, seed: int) -> torch.Tensor:
+    "Greedy continuation ids (batch, n_new) under `plan`, from the prompt's last logits and cache."
     if generated not in ("base", "last_token"): raise ValueError(f"generated must be 'base' or 'last_token', not '{generated}'.")
-    base = models[plan.base]
-    batch, masks, out = dict(prep["batch"]), list(masks), []
-    for _ in range(n_new):
-        with grafted(plan, models, masks, seed): nxt = last_logits(base, batch).argmax(-1, keepdim=True)
-        out.append(nxt)
-        one = torch.ones_like(nxt)
-        batch = dict(input_ids=torch.cat([batch["input_ids"], nxt], 1),
-                     attention_mask=torch.cat([batch["attention_mask"], one], 1),
-                     position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1))
-        masks = [torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks]
+    out = [logits.argmax(-1, keepdim=True)]
+    for _ in range(n_new - 1):
+        batch, masks = _extend(batch, masks, out[-1], generated)
+        with grafted(plan, models, masks, seed):
+            step = models[plan.base](**_columns(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
+                                     use_cache=True, logits_to_keep=1)
+        out.append(step.logits[:, -1].argmax(-1, keepdim=True)); cache = step.past_key_values
     return torch.cat(out, 1)
 
-# %% ../nbs/03_evaluate.ipynb #8f618e91
+# %% ../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
 def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
-               generated: str = "base", seed: int = 0) -> list[dict]:
+               generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None) -> list[dict]:
     "One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation."
     plan = get_plan(plan)
     masks, skipped = rule_masks(plan, prep)
-    base = _bind(plan, models)[0]
-    with grafted(plan, models, masks, seed): logits = last_logits(base, prep["batch"])
+    _bind(plan, models)
+    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix)
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
     top = logits.softmax(-1).topk(n_top)
-    gen = _generate(plan, models, prep, masks, max(map(len, prep["targets"])), generated, seed) if generate else None
+    n_new = max(map(len, prep["targets"]))
+    gen = _generate(plan, models, prep["batch"], masks, logits, cache, n_new, generated, seed) if generate else None
     rows = []
     for i, ex in enumerate(prep["examples"]):
         row = dict(plan=plan.name, fact_id=ex.get("fact_id"), template=ex.get("template"), prompt=ex["prompt"],
@@ -157,18 +202,24 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
         rows.append(row)
     return rows
 
+def _prefix_order(plans: list, prep: dict) -> list:
+    "The plans of a chunk from the longest ungrafted prefix to the shortest (the order that only crops the cache)."
+    width = prep["batch"]["input_ids"].shape[1]
+    return sorted(plans, key=lambda p: -first_grafted_column(rule_masks(p, prep)[0], width))
+
 def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], batch_size: int = 64,
-                   progress: bool = True, **kw) -> list[dict]:
-    "Result rows for every plan x example: each chunk of examples is tokenized once and scored under every plan."
+                   progress: bool = True, share_prefix: bool = True, **kw) -> list[dict]:
+    "Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes."
     plans = [get_plan(p) for p in plans]
     for p in plans: _bind(p, models)  # fail before any work if a role is missing
     device = next(iter(models.values())).device
-    rows = {p.name: [] for p in plans}  # plan-major order, whatever the batch size
+    rows = {p.name: [] for p in plans}  # plan-major order, whatever the batch size or scoring order
     bar = tqdm(total=len(plans) * len(examples), desc="grafting", disable=not progress, unit="ex")
     for chunk in batches(examples, batch_size):
         prep = prepare(tokenizer, chunk, device)
-        for p in plans:
-            rows[p.name] += score_plan(p, models, tokenizer, prep, **kw); bar.update(len(chunk))
+        prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
+        for p in _prefix_order(plans, prep):
+            rows[p.name] += score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), **kw); bar.update(len(chunk))
     bar.close()
     return [r for p in plans for r in rows[p.name]]
 

@@ -145,7 +145,7 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(q.shape)} vs {tuple(p.shape)}. "
                              "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune).")
 
-# %% ../nbs/02_graft.ipynb #dcf7470d
+# %% ../nbs/02_graft.ipynb #f307205a
 def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     "The part of `mask` for an input of shape (batch, seq, ...): the last `seq` positions (e.g. `logits_to_keep=1`)."
     b, t = x.shape[0], x.shape[1]
@@ -157,7 +157,8 @@ def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
     hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
-    a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get."""
+    a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get.
+    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`."""
     def __init__(self, module):
         self.entries, self.saved = [], None
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
@@ -167,31 +168,33 @@ class _Splice:
         x = args[0] if args else next(iter(kwargs.values()))
         masks = [_aligned(m, x) for _, m, _ in self.entries]
         if not any(m.any() for m in masks): self.saved = None; return None
-        if x.shape[0] != masks[0].shape[0]: x = x.expand(masks[0].shape[0], *x.shape[1:])  # e.g. (1, seq) position ids
-        owner = torch.zeros(masks[0].shape, dtype=torch.long, device=x.device)
+        b, t = masks[0].shape
+        if x.shape[0] != b: x = x.expand(b, *x.shape[1:])  # e.g. (1, seq) position ids
+        owner = torch.zeros(b * t, dtype=torch.long, device=x.device)   # 0: the recipient; i + 1: whole graft i
         for i, ((_, _, cols), m) in enumerate(zip(self.entries, masks)):
-            if cols is None: owner[m] = i + 1
-        self.saved = (x, masks, owner)
-        keep = x[owner == 0].unsqueeze(0)  # the recipient computes only the positions nobody grafts whole
-        if args: return (keep, *args[1:]), kwargs
-        return args, {**kwargs, next(iter(kwargs)): keep}
+            if cols is None: owner[m.reshape(-1)] = i + 1
+        flat, keep = x.reshape(b * t, *x.shape[2:]), (owner == 0).nonzero().squeeze(1)
+        self.saved = (flat, masks, owner, keep, (b, t))
+        rows = flat.index_select(0, keep).unsqueeze(0)  # the recipient computes only the positions nobody grafts whole
+        if args: return (rows, *args[1:]), kwargs
+        return args, {**kwargs, next(iter(kwargs)): rows}
 
     def after(self, module, args, kwargs, out):
         if self.saved is None: return None
-        (x, masks, owner), self.saved = self.saved, None
-        full = out.new_empty((*owner.shape, *out.shape[2:]))
-        full[owner == 0] = out[0]
+        (flat, masks, owner, keep, (b, t)), self.saved = self.saved, None
+        full = out.new_empty((b * t, *out.shape[2:]))
+        full.index_copy_(0, keep, out[0])
         for i, (donor, _, cols) in enumerate(self.entries):
-            rows = owner == i + 1
-            if cols is None and rows.any(): full[rows] = donor(x[rows]).to(full.dtype)
+            rows = (owner == i + 1).nonzero().squeeze(1)
+            if cols is None and len(rows): full.index_copy_(0, rows, donor(flat.index_select(0, rows)).to(full.dtype))
         for i, ((donor, _, cols), m) in enumerate(zip(self.entries, masks)):
             if cols is None: continue
             later = [mm for (_, _, c), mm in zip(self.entries[i + 1:], masks[i + 1:]) if c is None]
-            rows = m & ~torch.stack(later).any(0) if later else m
-            if rows.any():
-                part, c = full[rows], cols.to(full.device)
-                part[:, c] = donor(x[rows])[:, c].to(full.dtype); full[rows] = part
-        return full
+            rows = (m & ~torch.stack(later).any(0) if later else m).reshape(-1).nonzero().squeeze(1)
+            if len(rows):
+                part, c = full.index_select(0, rows), cols.to(full.device)
+                part[:, c] = donor(flat.index_select(0, rows))[:, c].to(full.dtype); full.index_copy_(0, rows, part)
+        return full.view(b, t, *out.shape[2:])
 
 def _add_splice(module, entry):
     "Register a graft entry on `module` (installing its hooks on first use)."

@@ -13,10 +13,10 @@ import yaml
 __all__ = ['STAGES', 'STAGE_ORDER', 'MARKER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'Stage',
            'SweepError', 'sweeps_dir', 'profiles', 'plan_groups', 'resolve_plans', 'train_profiles', 'load_sweep',
            'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
-           'notebook_parameters', 'check_notebooks', 'standin_notebooks', 'atomic_write', 'make_graph', 'graph_runs',
-           'save_graph', 'read_graph', 'resolve_params', 'RunBusy', 'run_lock', 'run_one', 'stage_summary', 'run_local',
-           'status', 'format_status', 'slurm_options', 'sbatch_script', 'require_sbatch', 'submit_slurm', 'wait_slurm',
-           'cmd_run', 'cmd_status', 'cmd_run_one', 'main']
+           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'standin_notebooks', 'atomic_write',
+           'make_graph', 'graph_runs', 'save_graph', 'read_graph', 'resolve_params', 'RunBusy', 'run_lock', 'run_one',
+           'stage_summary', 'run_local', 'status', 'format_status', 'slurm_options', 'sbatch_script', 'require_sbatch',
+           'submit_slurm', 'wait_slurm', 'cmd_run', 'cmd_status', 'cmd_run_one', 'main']
 
 # %% ../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def profiles() -> list[str]:
     "Names of the packaged sweep files (`--profile NAME`)."
     return sorted(p.stem for p in sweeps_dir().glob("*.yaml"))
 
-# %% ../nbs/05_sweep.ipynb #999e7ce8
+# %% ../nbs/05_sweep.ipynb #7e7afb7c
 def plan_groups() -> dict[str, list[str]]:
     "Named groups of `dwg.graft.PAPER_PLANS` usable as `plans:` in a sweep file."
     from dwg.graft import PAPER_PLANS, POSITION_FIGURE_PLANS
@@ -72,17 +72,17 @@ def plan_groups() -> dict[str, list[str]]:
     return {"position": list(POSITION_FIGURE_PLANS), "all_position": pos,
             "components": ["TASK", "RELATION", "FE+LT:relation->task"] + [p for p in comp if p.startswith("LT:")],
             "hybrid": ["TASK", "RELATION"] + [p for p in comp if p.startswith("hybrid:")],
-            "all_components": comp}
+            "all_components": comp, "depth": [p for p in pos if p.startswith(("FE:", "LT:"))]}
 
 def resolve_plans(plans, stage: str, where: str) -> list[str]:
-    "Plan names for `stage` from a group name or a list; raises a `SweepError` on unknown or misplaced plans."
+    "Plan names for `stage` from a group name or a list of plan and group names; a `SweepError` on unknown or misplaced plans."
     from dwg.graft import PAPER_PLANS
     groups = plan_groups()
-    if isinstance(plans, str):
-        if plans not in groups: plans = [plans]
-        else: plans = groups[plans]
+    if isinstance(plans, str): plans = [plans]
     if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
-        raise SweepError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan names.")
+        raise SweepError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
+                         "group names.")
+    plans = [q for p in plans for q in groups.get(p, [p])]
     unknown = [p for p in plans if p not in PAPER_PLANS]
     if unknown:
         raise SweepError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.graft.PAPER_PLANS): "
@@ -336,7 +336,7 @@ def run_state(runs_dir, run) -> str:
     if p["tmp"].exists(): return "interrupted"
     return "pending"
 
-# %% ../nbs/05_sweep.ipynb #a5b575f3
+# %% ../nbs/05_sweep.ipynb #8d023989
 def default_notebooks_dir() -> Path:
     "nbs/experiments of the source tree (or $DWG_NOTEBOOKS)."
     if os.environ.get("DWG_NOTEBOOKS"): return Path(os.environ["DWG_NOTEBOOKS"])
@@ -355,6 +355,11 @@ def notebook_parameters(path) -> dict:
     return {t.id: ast.get_source_segment(src, n.value) for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
 
+def papermill_parameters(path) -> list[str]:
+    "The parameter names papermill itself reads from a notebook's `parameters` cell."
+    import papermill
+    return list(papermill.inspect_notebook(str(path)))
+
 def check_notebooks(runs: list[Run], notebooks_dir) -> None:
     "Raise a `SweepError` unless every stage's notebook exists and defines every parameter its runs pass."
     problems = []
@@ -368,6 +373,9 @@ def check_notebooks(runs: list[Run], notebooks_dir) -> None:
         if (missing := sorted(passed - set(have))):
             problems.append(f"{stage}: the sweep passes {missing} but the parameters cell of {nb} does not define "
                             f"{'it' if len(missing) == 1 else 'them'} (it defines {sorted(have)}).")
+        elif (unseen := sorted(set(have) - set(papermill_parameters(nb)))):
+            problems.append(f"{stage}: papermill cannot read the parameter(s) {unseen} in {nb} (it skips a line with more "
+                            "than one '='); keep one assignment per line and no '=' in its comment.")
     if problems: raise SweepError("Experiment notebooks do not fit the sweep:\n  - " + "\n  - ".join(problems))
 
 # %% ../nbs/05_sweep.ipynb #a1a842e4

@@ -121,6 +121,10 @@ def test_notebook_checks(tmp_path):
     (nbs / "train.ipynb").write_text(json.dumps(nb))
     r = sweep_cli("run", "--sweep", sweep, "--runs", tmp_path / "runs", "--notebooks", nbs)
     assert r.returncode == 2 and "passes ['direction'] but the parameters cell" in r.stderr
+    nb["cells"][1]["source"] += '\ndirection = "all"   # all = both directions\n'   # papermill skips this line
+    (nbs / "train.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(sw.SweepError, match=r"papermill cannot read the parameter\(s\) \['direction'\]"):
+        sw.make_graph(str(sweep), tmp_path / "r", nbs)
     nb["cells"][1]["metadata"] = {}
     (nbs / "train.ipynb").write_text(json.dumps(nb))
     with pytest.raises(sw.SweepError, match="no cell tagged 'parameters'"): sw.make_graph(str(sweep), tmp_path / "r", nbs)

@@ -34,6 +34,12 @@ Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON 
 USAGE
 }
 
+pip_install() {
+  # pip install, quiet; drops pip's warnings about configured package locations that do not exist on this machine
+  local py=$1; shift
+  "$py" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "dwg: creating $VENV"; "$PY" -m venv "$VENV"
@@ -44,10 +50,10 @@ setup() {
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     if ! "$py" -c "import torch" 2>/dev/null; then
       echo "dwg: installing ${DWG_TORCH:-torch==2.13.0}"
-      "$py" -m pip install -q --disable-pip-version-check "${DWG_TORCH:-torch==2.13.0}"
+      pip_install "$py" "${DWG_TORCH:-torch==2.13.0}"
     fi
     echo "dwg: installing the project (editable, with dev tools)"
-    "$py" -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
+    pip_install "$py" -e '.[dev]'
     "$py" -m pip check
     echo "$want" > "$stamp"
   fi

@@ -58,7 +58,7 @@ def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
         T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
-    assert not out.exists() and not T.is_finished(out)
+    assert not out.exists() and not T.training_finished(out)
     n_texts = len([r for r in data.load_split(ds, "train", split="task") if r["direction"] == "A2B"])
     per_epoch = -(-n_texts // 8)
     assert [p.name for p in (T.work_dir(out) / "checkpoints").iterdir()] == [f"checkpoint-{per_epoch}"]
@@ -90,7 +90,7 @@ def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
     T.train("tiny-llama", ds, out, **kw)
     assert (out / T.SUMMARY).read_text() == stamp
     T.train("tiny-llama", ds, out, force=True, **kw)
-    assert (out / T.SUMMARY).read_text() != stamp and T.is_finished(out)
+    assert (out / T.SUMMARY).read_text() != stamp and T.training_finished(out)
 
 
 def test_partial_run_with_other_settings_is_refused(ds, tmp_path):

@@ -705,7 +705,7 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
     todo = [r for r in runs if r.key not in results]
     running, bad = {}, set()
     bar = tqdm(total=len(todo), unit="run", desc=f"sweep {graph['sweep']}", disable=not progress, dynamic_ncols=True,
-               mininterval=0.5 if sys.stderr.isatty() else 30)
+               mininterval=0.5)  # updates come once per finished run: each shows
     shown = None
     def finish(r, state, start):
         results[r.key] = dict(state=state, start=start, end=time.time())

@@ -154,51 +154,102 @@ def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
                          "make the mask (batch, seq) like input_ids.")
     return mask[:, mask.shape[1] - t:].to(x.device)
 
+def _rows(selected: torch.Tensor) -> torch.Tensor:
+    "Indices of the True entries of a flat bool tensor."
+    return selected.nonzero().squeeze(1)
+
+def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) -> dict | None:
+    """Rows of the flattened (batch * seq) input for the recipient (`keep`), each whole-module graft (`whole`), each
+    graft of part of a fused projection (`part`) and padding (`pad`); None when no graft covers any position."""
+    if not any(m.any() for m in masks): return None
+    owner = torch.zeros(masks[0].numel(), dtype=torch.long, device=masks[0].device)  # 0: recipient, i + 1: graft i
+    for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
+        if cols is None: owner[m.reshape(-1)] = i + 1
+    if live is not None: owner[~live.reshape(-1)] = -1  # padding: nobody computes it
+    whole = [_rows(owner == i + 1) if cols is None else None for i, (_, _, cols) in enumerate(entries)]
+    part = [None] * len(entries)
+    for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
+        if cols is None: continue
+        later = [mm for (_, _, c), mm in zip(entries[i + 1:], masks[i + 1:]) if c is None]  # whole grafts after i win
+        part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
+    return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
+
+class _Pass:
+    """What the grafted modules share during one forward pass of the recipient: its padding (positions whose
+    `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row split of each set of
+    masks, worked out once per pass, and the rows gathered from the last input (q, k and v read the same input, as do
+    gate and up). Installed on the recipient with its first graft, removed with its last."""
+    def __init__(self, model):
+        self.users, self.live, self.splits, self.gathered = 0, None, None, (None, {})
+        self.handles = [model.register_forward_pre_hook(self.start, with_kwargs=True),
+                        model.register_forward_hook(self.stop, always_call=True)]
+
+    def start(self, module, args, kwargs):
+        am = kwargs.get("attention_mask")
+        self.live, self.splits = (am.bool() if torch.is_tensor(am) and am.dim() == 2 else None), {}
+
+    def stop(self, *_): self.live, self.splits, self.gathered = None, None, (None, {})
+
+    def split(self, entries: list, x: torch.Tensor) -> dict | None:
+        "The row split of the grafts `entries` for a module input `x` (cached within a pass)."
+        key = (*x.shape[:2], *((id(m), cols is None) for _, m, cols in entries))
+        if self.splits is not None and key in self.splits: return self.splits[key]
+        masks = [_aligned(m, x) for _, m, _ in entries]
+        (b, t), live = masks[0].shape, self.live
+        live = live[:, -t:].to(x.device) if live is not None and live.shape[0] == b and live.shape[1] >= t else None
+        s = _split(entries, masks, live)
+        if s is not None: s["shape"] = (b, t)
+        if self.splits is not None: self.splits[key] = s
+        return s
+
+    def gather(self, x: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        "`flat[rows]`, where `flat` is the input `x` flattened; reused while modules read the same `x` in this pass."
+        if self.splits is None: return flat.index_select(0, rows)
+        if self.gathered[0] is not x: self.gathered = (x, {})
+        got = self.gathered[1]
+        if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
+        return got[id(rows)][1]
+
 class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
     hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
     a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get.
     Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`."""
-    def __init__(self, module):
-        self.entries, self.saved = [], None
+    def __init__(self, module, forward_pass: _Pass):
+        self.entries, self.saved, self.forward_pass = [], None, forward_pass
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
                         module.register_forward_hook(self.after, with_kwargs=True)]
 
     def before(self, module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
-        masks = [_aligned(m, x) for _, m, _ in self.entries]
-        if not any(m.any() for m in masks): self.saved = None; return None
-        b, t = masks[0].shape
+        split = self.saved = self.forward_pass.split(self.entries, x)
+        if split is None: return None
+        b, t = split["shape"]
         if x.shape[0] != b: x = x.expand(b, *x.shape[1:])  # e.g. (1, seq) position ids
-        owner = torch.zeros(b * t, dtype=torch.long, device=x.device)   # 0: the recipient; i + 1: whole graft i
-        for i, ((_, _, cols), m) in enumerate(zip(self.entries, masks)):
-            if cols is None: owner[m.reshape(-1)] = i + 1
-        flat, keep = x.reshape(b * t, *x.shape[2:]), (owner == 0).nonzero().squeeze(1)
-        self.saved = (flat, masks, owner, keep, (b, t))
-        rows = flat.index_select(0, keep).unsqueeze(0)  # the recipient computes only the positions nobody grafts whole
+        flat = x.reshape(b * t, *x.shape[2:])
+        self.saved = (x, flat, split)
+        rows = self.forward_pass.gather(x, flat, split["keep"]).unsqueeze(0)  # the recipient: rows nobody grafts whole
         if args: return (rows, *args[1:]), kwargs
         return args, {**kwargs, next(iter(kwargs)): rows}
 
     def after(self, module, args, kwargs, out):
         if self.saved is None: return None
-        (flat, masks, owner, keep, (b, t)), self.saved = self.saved, None
+        (x, flat, split), self.saved = self.saved, None
+        (b, t), take = split["shape"], lambda rows: self.forward_pass.gather(x, flat, rows)
         full = out.new_empty((b * t, *out.shape[2:]))
-        full.index_copy_(0, keep, out[0])
-        for i, (donor, _, cols) in enumerate(self.entries):
-            rows = (owner == i + 1).nonzero().squeeze(1)
-            if cols is None and len(rows): full.index_copy_(0, rows, donor(flat.index_select(0, rows)).to(full.dtype))
-        for i, ((donor, _, cols), m) in enumerate(zip(self.entries, masks)):
-            if cols is None: continue
-            later = [mm for (_, _, c), mm in zip(self.entries[i + 1:], masks[i + 1:]) if c is None]
-            rows = (m & ~torch.stack(later).any(0) if later else m).reshape(-1).nonzero().squeeze(1)
-            if len(rows):
+        full.index_copy_(0, split["keep"], out[0])
+        if len(split["pad"]): full.index_fill_(0, split["pad"], 0)
+        for (donor, _, _), rows in zip(self.entries, split["whole"]):
+            if rows is not None and len(rows): full.index_copy_(0, rows, donor(take(rows)).to(full.dtype))
+        for (donor, _, cols), rows in zip(self.entries, split["part"]):
+            if rows is not None and len(rows):
                 part, c = full.index_select(0, rows), cols.to(full.device)
-                part[:, c] = donor(flat.index_select(0, rows))[:, c].to(full.dtype); full.index_copy_(0, rows, part)
+                part[:, c] = donor(take(rows))[:, c].to(full.dtype); full.index_copy_(0, rows, part)
         return full.view(b, t, *out.shape[2:])
 
-def _add_splice(module, entry):
+def _add_splice(module, entry, forward_pass: _Pass):
     "Register a graft entry on `module` (installing its hooks on first use)."
-    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", _Splice(module))
+    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", _Splice(module, forward_pass))
     sp.entries.append(entry)
 
 def _remove_splice(module, entry):
@@ -209,6 +260,19 @@ def _remove_splice(module, entry):
     if not sp.entries:
         for h in sp.handles: h.remove()
         del module.__dict__["_dwg_splice"]
+
+def _enter_pass(model) -> _Pass:
+    "The recipient's `_Pass`, installed on first use."
+    p = model.__dict__.get("_dwg_pass") or model.__dict__.setdefault("_dwg_pass", _Pass(model))
+    p.users += 1
+    return p
+
+def _exit_pass(model):
+    "Release the recipient's `_Pass`; remove its hooks when no graft uses it."
+    p = model.__dict__["_dwg_pass"]; p.users -= 1
+    if not p.users:
+        for h in p.handles: h.remove()
+        del model.__dict__["_dwg_pass"]
 
 # %% ../nbs/02_graft.ipynb #5731c76a
 def _targets(recipient, donor, layers, components) -> list[tuple]:
@@ -249,14 +313,15 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     mask = _as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
     check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
-    added = []
+    forward_pass, added = _enter_pass(recipient), []
     try:
         for r, d, cols in targets:
-            entry = (d, mask, cols); _add_splice(r, entry); added.append((r, entry))
+            entry = (d, mask, cols); _add_splice(r, entry, forward_pass); added.append((r, entry))
         yield recipient
     finally:
         check.remove()
         for r, entry in added: _remove_splice(r, entry)
+        _exit_pass(recipient)
 
 # %% ../nbs/02_graft.ipynb #a6e88f8b
 class MissingSpan(KeyError):

@@ -17,9 +17,9 @@ from .runs import atomic_write, read_jsonl
 # %% auto #0
 __all__ = ['PRECISIONS', 'DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'TrainConfig', 'config_keys', 'make_config',
            'configs_dir', 'profiles', 'load_profile', 'resolve_config', 'cpu_has_bf16', 'resolve_precision',
-           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'check_tokenizer',
-           'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'epoch_metrics',
-           'work_dir', 'training_finished', 'training_args', 'train', 'main', 'benchmark']
+           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
+           'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
+           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main', 'benchmark']
 
 # %% ../nbs/04_train.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -43,7 +43,8 @@ class TrainConfig:
     optim: str = "adamw_torch"
     precision: str = "auto"           # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
     max_length: int = 128             # longer training texts are truncated (with a warning)
-    group_by_length: bool = False     # batch texts of similar length together (less padding, less shuffling)
+    group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
+    length_chunk: int = 4             # with group_by_length: texts are sorted by length within chunks of this many batches
     answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
     freeze_embeddings: bool = False   # input token embeddings
     freeze_unembeddings: bool = False # output head (tied models: set both or neither)
@@ -225,6 +226,29 @@ class PadCollator:
             ids[i, :n] = torch.tensor(r["input_ids"]); labels[i, :n] = torch.tensor(r["labels"]); mask[i, :n] = 1
         return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
+# %% ../nbs/04_train.ipynb #7c1d2e31
+class LengthChunkSampler(torch.utils.data.Sampler):
+    "Indices in batches of similar length: shuffle, sort within chunks of `chunk` batches, shuffle the batches."
+    def __init__(self, lengths: list[int], batch_size: int, chunk: int = 4, seed: int = 0):
+        if batch_size < 1 or chunk < 1: raise ValueError(f"batch_size and length_chunk must be >= 1; got {batch_size}, {chunk}.")
+        self.lengths, self.batch_size, self.chunk, self.seed, self.epoch = list(lengths), batch_size, chunk, seed, 0
+
+    def set_epoch(self, epoch: int): self.epoch = epoch
+    def __len__(self) -> int: return len(self.lengths)
+
+    def batches(self) -> list[list[int]]:
+        "This epoch's batches, in order."
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        idx, size = torch.randperm(len(self.lengths), generator=g).tolist(), self.batch_size * self.chunk
+        out = []
+        for c in range(0, len(idx), size):
+            part = sorted(idx[c:c + size], key=self.lengths.__getitem__)
+            out += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        full = [out[i] for i in torch.randperm(len(out), generator=g).tolist() if len(out[i]) == self.batch_size]
+        return full + [b for b in out if len(b) < self.batch_size]
+
+    def __iter__(self): return iter([i for b in self.batches() for i in b])
+
 # %% ../nbs/04_train.ipynb #26935fa1
 def _tokenizer_name(tokenizer) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or "")
@@ -374,9 +398,19 @@ def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str,
               metric_for_best_model="eval_loss", greater_is_better=False, logging_strategy="steps",
               logging_steps=cfg.logging_steps, report_to=cfg.report_to, seed=seed, data_seed=seed,
               dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=not progress,
-              train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
               activation_checkpointing=cfg.gradient_checkpointing)
     return TrainingArguments(**{**kw, **cfg.trainer})
+
+class _Trainer(Trainer):
+    "The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length."
+    def __init__(self, *args, length_chunk: int = 0, **kwargs):
+        super().__init__(*args, **kwargs); self.length_chunk = length_chunk
+
+    def _get_train_sampler(self, train_dataset=None):
+        ds = train_dataset if train_dataset is not None else self.train_dataset
+        if not self.length_chunk: return super()._get_train_sampler(*([train_dataset] if train_dataset is not None else []))
+        return LengthChunkSampler([len(r["input_ids"]) for r in ds], self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                                  self.length_chunk, seed=self.args.data_seed or self.args.seed)
 
 # %% ../nbs/04_train.ipynb #55b82a7d
 def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction: str = "all", split: str = "all",
@@ -425,7 +459,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     # --- training ---
     examples = sample_recall_examples(eval_rows, fact_ids, cfg.recall_facts, seed)
     args = training_args(cfg, ckpt_dir, seed, precision, use_cpu=dev_type == "cpu", has_eval=bool(val_rows), progress=progress)
-    trainer = Trainer(model=net, args=args, data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
+    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0, data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
                       train_dataset=encode_rows(tok, train_rows, cfg.max_length, cfg.answer_only_loss),
                       eval_dataset=encode_rows(tok, val_rows, cfg.max_length, cfg.answer_only_loss) if args.eval_strategy != "no" else None,
                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), *(callbacks or [])])

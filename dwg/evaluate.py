@@ -72,6 +72,7 @@ def top_k(rows: list[dict], k: int = 1) -> float:
 # %% ../nbs/03_evaluate.ipynb #d5f86ba6
 from contextlib import ExitStack
 from .graft import graft, get_plan, resolve_layers, resolve_positions, dropped_layers, MissingSpan
+from .runs import report_progress
 
 def prepare(tokenizer, examples: list[dict], device=None) -> dict:
     "Tokenize a chunk of evaluation examples once: batch, per-example field token positions, target ids."
@@ -214,12 +215,14 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     for p in plans: _bind(p, models)  # fail before any work if a role is missing
     device = next(iter(models.values())).device
     rows = {p.name: [] for p in plans}  # plan-major order, whatever the batch size or scoring order
-    bar = tqdm(total=len(plans) * len(examples), desc="grafting", disable=not progress, unit="ex")
+    done, total = 0, len(plans) * len(examples)
+    bar = tqdm(total=total, desc="grafting", disable=not progress, unit="ex")
     for chunk in batches(examples, batch_size):
         prep = prepare(tokenizer, chunk, device)
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
         for p in _prefix_order(plans, prep):
             rows[p.name] += score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), **kw); bar.update(len(chunk))
+            done += len(chunk); report_progress("grafting", done, total)
     bar.close()
     return [r for p in plans for r in rows[p.name]]
 

@@ -8,7 +8,8 @@ import json, os, subprocess, tempfile, time, platform
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['atomic_write', 'write_jsonl', 'read_jsonl', 'git_commit', 'write_run_record', 'is_finished']
+__all__ = ['PROGRESS_FILE_VAR', 'atomic_write', 'write_jsonl', 'read_jsonl', 'report_progress', 'read_progress', 'git_commit',
+           'write_run_record', 'is_finished']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
 def atomic_write(path, text: str) -> Path:
@@ -29,6 +30,21 @@ def write_jsonl(path, rows) -> Path:
 def read_jsonl(path) -> list[dict]:
     "Read a JSON-lines file."
     return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+# %% ../nbs/08_runs.ipynb #b2d1f8e3
+PROGRESS_FILE_VAR = "DWG_PROGRESS_FILE"
+
+def report_progress(what: str, done: int, total: int) -> None:
+    "Write `what done/total` to the file named by `$DWG_PROGRESS_FILE`, if set (a sweep shows it on its bar)."
+    path = os.environ.get(PROGRESS_FILE_VAR)
+    if not path: return
+    try: atomic_write(path, f"{what} {done}/{total}")
+    except OSError: pass  # progress is best effort: never fail a run over it
+
+def read_progress(path) -> str | None:
+    "The last progress line written to `path`, or None."
+    try: return Path(path).read_text().strip() or None
+    except OSError: return None
 
 # %% ../nbs/08_runs.ipynb #3ccbfc2d
 def git_commit() -> str | None:

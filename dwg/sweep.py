@@ -8,13 +8,14 @@ import argparse, ast, contextlib, fcntl, hashlib, json, os, shlex, shutil, signa
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import yaml
+from .runs import atomic_write, read_progress, PROGRESS_FILE_VAR
 
 # %% auto #0
-__all__ = ['STAGES', 'STAGE_ORDER', 'MARKER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'Stage',
+__all__ = ['STAGES', 'STAGE_ORDER', 'MARKER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage',
            'SweepError', 'sweeps_dir', 'profiles', 'plan_groups', 'resolve_plans', 'train_profiles', 'load_sweep',
            'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
-           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'standin_notebooks', 'atomic_write',
-           'make_graph', 'graph_runs', 'save_graph', 'read_graph', 'resolve_params', 'RunBusy', 'run_lock', 'run_one',
+           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'standin_notebooks', 'make_graph',
+           'graph_runs', 'save_graph', 'read_graph', 'resolve_params', 'RunBusy', 'run_lock', 'run_one',
            'stage_summary', 'run_local', 'status', 'format_status', 'slurm_options', 'sbatch_script', 'require_sbatch',
            'submit_slurm', 'wait_slurm', 'cmd_run', 'cmd_status', 'cmd_run_one', 'main']
 
@@ -416,6 +417,7 @@ for step in range(3):
     time.sleep(SLEEP)
     ck.write_text(str(step))
     with open(work.parent / "steps.log", "a") as f: f.write(f"{step}\\n")
+    if os.environ.get("DWG_PROGRESS_FILE"): Path(os.environ["DWG_PROGRESS_FILE"]).write_text(f"train step {step + 1}/3")
 (work / "value.txt").write_text(digest(model, read(dataset_dir), split, config, seed))
 os.replace(work, out); finish(steps=3)''',
     "graft_positions": '''\
@@ -454,13 +456,6 @@ def standin_notebooks(dest) -> Path:
     return dest
 
 # %% ../nbs/05_sweep.ipynb #5d616b87
-def atomic_write(path, text: str) -> Path:
-    "Write `text` to `path` via a temporary file and a rename."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(text); os.replace(tmp, path)
-    return path
-
 def make_graph(sweep, runs_dir, notebooks_dir=None) -> dict:
     "Load, validate and expand `sweep`, check its notebooks; the graph as a JSON-able dict."
     s = sweep if isinstance(sweep, dict) and "source" in sweep else load_sweep(sweep)
@@ -538,6 +533,18 @@ def _fail(tmp: Path, kind: str, message: str) -> None:
     atomic_write(tmp / "FAILED", json.dumps(dict(kind=kind, error=message, time=time.strftime("%Y-%m-%dT%H:%M:%S")), indent=1))
 
 # %% ../nbs/05_sweep.ipynb #157f14c0
+PROGRESS = "progress.txt"   # in a running run's directory: the notebook's last progress line (dwg.runs.report_progress)
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None):
+    "Set (or, with None, unset) an environment variable inside the block; restore it afterwards."
+    old = os.environ.pop(name, None)
+    if value is not None: os.environ[name] = value
+    try: yield
+    finally:
+        os.environ.pop(name, None)
+        if old is not None: os.environ[name] = old
+
 def run_one(graph: dict, run: Run, progress: bool = False) -> str:
     "Execute `run` of `graph` (skip it if done); returns its final state: 'done', 'skipped', 'failed' or 'interrupted'."
     runs_dir = Path(graph["runs_dir"]); p = run_paths(runs_dir, run); stage = STAGES[run.stage]
@@ -553,12 +560,13 @@ def run_one(graph: dict, run: Run, progress: bool = False) -> str:
                     started=time.time())
         atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
         import papermill as pm
-        env_in_test = os.environ.pop("IN_TEST", None)   # the experiment runs as in production, not as a test
+        (p["tmp"] / PROGRESS).unlink(missing_ok=True)   # a retried run starts without its last attempt's progress
         old = signal.signal(signal.SIGTERM, _on_sigterm) if hasattr(signal, "SIGTERM") else None
-        try:
-            pm.execute_notebook(str(Path(graph["notebooks"]) / f"{stage.notebook}.ipynb"), str(p["notebook"]),
-                                parameters=params, cwd=graph["notebooks"], kernel_name="python3",
-                                progress_bar=progress, log_output=False)
+        try:   # the experiment runs as in production (not as a test) and reports its progress to a file in its run
+            with _environ("IN_TEST", None), _environ(PROGRESS_FILE_VAR, str(p["tmp"] / PROGRESS)):
+                pm.execute_notebook(str(Path(graph["notebooks"]) / f"{stage.notebook}.ipynb"), str(p["notebook"]),
+                                    parameters=params, cwd=graph["notebooks"], kernel_name="python3",
+                                    progress_bar=progress, log_output=False)
         except KeyboardInterrupt as e:
             _fail(p["tmp"], "interrupted", f"interrupted ({e or 'SIGINT'})"); return "interrupted"
         except Exception as e:
@@ -568,11 +576,11 @@ def run_one(graph: dict, run: Run, progress: bool = False) -> str:
             _fail(p["tmp"], "error", msg); return "failed"
         finally:
             if old is not None: signal.signal(signal.SIGTERM, old)
-            if env_in_test is not None: os.environ["IN_TEST"] = env_in_test
         if not (p["tmp_out"] / MARKER).is_file():
             _fail(p["tmp"], "error", f"the notebook finished without writing {p['tmp_out'] / MARKER}"); return "failed"
         info.update(finished=time.time(), wall_seconds=round(time.time() - info["started"], 2))
         atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
+        (p["tmp"] / PROGRESS).unlink(missing_ok=True)
         os.rename(p["tmp"], p["final"])   # atomic: the run is done
     return "done"
 
@@ -696,6 +704,11 @@ def stage_summary(graph: dict, results: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/05_sweep.ipynb #f5658cb0
+def _with_progress(run: Run, runs_dir) -> str:
+    "A running run's name, with the last progress line its notebook reported."
+    line = read_progress(run_paths(runs_dir, run)["tmp"] / PROGRESS)
+    return f"{run.stage}:{run.label}" + (f" [{line}]" if line else "")
+
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None) -> dict:
     "Execute a graph's runs locally, `jobs` at once; returns {run key: {state, start, end}}."
     from tqdm import tqdm
@@ -706,7 +719,7 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
     running, bad = {}, set()
     bar = tqdm(total=len(todo), unit="run", desc=f"sweep {graph['sweep']}", disable=not progress, dynamic_ncols=True,
                mininterval=0.5)  # updates come once per finished run: each shows
-    shown = None
+    shown, tty = None, progress and sys.stderr.isatty()
     def finish(r, state, start):
         results[r.key] = dict(state=state, start=start, end=time.time())
         if state != "done": bad.add(r.key)
@@ -724,8 +737,8 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
             while ready and len(running) < max(1, jobs):
                 r = ready.pop(0); todo.remove(r)
                 running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"]), time.time())
-            now = ", ".join(f"{r.stage}:{r.label}" for r, _, _ in running.values())[:80]
-            if now != shown: bar.set_postfix_str(now, refresh=False); shown = now
+            now = ", ".join(_with_progress(r, runs_dir) for r, _, _ in running.values())[:100]
+            if now != shown: bar.set_postfix_str(now, refresh=tty); shown = now   # logs: shown when a run finishes
             if not running and todo and not ready: break    # cannot happen in a well-formed graph
             time.sleep(0.2)
             for key, (r, proc, start) in list(running.items()):
@@ -758,6 +771,7 @@ def status(runs_dir, graph: dict | None = None) -> dict:
             f = p["tmp"] / "FAILED"
             if f.is_file(): item["error"] = json.loads(f.read_text())["error"]
         if st == "cancelled": item["reason"] = cancelled[r.key]
+        if st == "running": item["progress"] = read_progress(p["tmp"] / PROGRESS)
         out.setdefault(r.stage, []).append(item)
     return out
 
@@ -773,6 +787,8 @@ def format_status(st: dict) -> str:
                 lines.append(f"{i['state'].upper()} {i['key']} ({i['label']}): {i.get('error', '')}\n    notebook: {i['notebook']}\n    log: {i['log']}")
             elif i["state"] == "cancelled":
                 lines.append(f"CANCELLED {i['key']} ({i['label']}): {i['reason']}")
+            elif i["state"] == "running":
+                lines.append(f"RUNNING {i['key']} ({i['label']}): {i.get('progress') or 'started'}")
     return "\n".join(lines)
 
 # %% ../nbs/05_sweep.ipynb #54a71754

@@ -12,14 +12,15 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import SchedulerType, get_last_checkpoint
 from . import models
 from .evaluate import first_token_scores, top_k
-from .runs import atomic_write, read_jsonl
+from .runs import atomic_write, read_jsonl, report_progress
 
 # %% auto #0
 __all__ = ['PRECISIONS', 'DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'TrainConfig', 'config_keys', 'make_config',
            'configs_dir', 'profiles', 'load_profile', 'resolve_config', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
            'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
-           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main', 'benchmark']
+           'StepProgress', 'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main',
+           'benchmark']
 
 # %% ../nbs/04_train.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -329,6 +330,10 @@ class RecallCallback(TrainerCallback):
         if state.global_step == 0: self._log(state, model)
     def on_epoch_end(self, args, state, control, model=None, **kw): self._log(state, model)
 
+class StepProgress(TrainerCallback):
+    "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
+    def on_step_end(self, args, state, control, **kw): report_progress("train step", state.global_step, state.max_steps)
+
 # %% ../nbs/04_train.ipynb #1990c6be
 def epoch_metrics(log_history: list[dict]) -> list[dict]:
     "One row per (rounded) epoch: mean logged train loss, eval loss and recall numbers."
@@ -462,7 +467,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0, data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
                       train_dataset=encode_rows(tok, train_rows, cfg.max_length, cfg.answer_only_loss),
                       eval_dataset=encode_rows(tok, val_rows, cfg.max_length, cfg.answer_only_loss) if args.eval_strategy != "no" else None,
-                      callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), *(callbacks or [])])
+                      callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
+                                 *(callbacks or [])])
     result = trainer.train(resume_from_checkpoint=resume)
     # --- outputs, then the summary, then the rename ---
     trainer.save_model(str(work))

@@ -156,6 +156,7 @@ def test_local_run_then_rerun_skips(tmp_path):
     for key in st:
         stage, rid = key.split("/")
         assert (rd / stage / rid / "notebook.ipynb").is_file() and not (rd / stage / f"{rid}.tmp").exists()
+    assert not list(rd.rglob(sw.PROGRESS))   # progress files are for running runs only
     fig = json.loads(next((rd / "figures").glob("*/tables.json")).read_text())
     assert len(fig["results"]) == 3
     snap = marker_snapshot(rd)
@@ -214,8 +215,12 @@ def test_interrupted_sweep_resumes(tmp_path, how):
         def mid_training():   # one training finished and the next one has a checkpoint but is not finished
             done = [p for p in models.glob("*/model/run.json")] if models.is_dir() else []
             part = [p for p in models.glob("*.tmp/model.tmp/checkpoint-0")] if models.is_dir() else []
-            return done and part and part[0]
+            return done and part and (part[0].parent.parent / sw.PROGRESS).exists() and part[0]
         ck0 = _wait_for(mid_training)
+        st_mid = sw.status(rd)   # the running training, with the last progress line its notebook wrote
+        running = [i for i in st_mid["models"] if i["state"] == "running"]
+        assert len(running) == 1 and running[0]["progress"] in ("train step 1/3", "train step 2/3"), running
+        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in sw.format_status(st_mid)
     finally:
         if how == "SIGKILL": proc.kill()
         else: os.killpg(proc.pid, signal.SIGINT)

@@ -128,6 +128,11 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     # the ceiling: the speed-up a graft costing nothing would give, i.e. the original against a plain forward
     res["speedup_if_grafting_were_free"] = res["original_s_per_example"] * len(prep["examples"]) / statistics.median(plain_s)
     res["max_abs_dprob"] = maxdp
+    copies = []   # what the original pays at every token before its one-token step
+    for _ in range(3):
+        t = time.perf_counter(); copy.deepcopy(base); copies.append(time.perf_counter() - t)
+    res["original_deepcopy_s"] = statistics.median(copies)
+    res["original_tokens_per_example"] = statistics.median(len(ids) - p for ids, p in zip(prep["batch"]["input_ids"][:n_original].tolist(), prep["pads"]))
     sweep_exs = exs[:n_facts]
     t = time.perf_counter()
     evaluate_plans(POSITION_FIGURE_PLANS, models, tok, sweep_exs, batch_size=batch, progress=False)

@@ -222,8 +222,8 @@ class _Splice:
 
     def before(self, module, args, kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
-        split = self.saved = self.forward_pass.split(self.entries, x)
-        if split is None: return None
+        split = self.forward_pass.split(self.entries, x)
+        if split is None: self.saved = None; return None
         b, t = split["shape"]
         if x.shape[0] != b: x = x.expand(b, *x.shape[1:])  # e.g. (1, seq) position ids
         flat = x.reshape(b * t, *x.shape[2:])

@@ -392,6 +392,7 @@ _STANDIN_PARAMS = {
 _STANDIN_COMMON = '''\
 import hashlib, json, os, time, tempfile
 from pathlib import Path
+from dwg.runs import report_progress
 params = {k: v for k, v in globals().items() if k in PARAMS}
 if os.environ.get("DWG_STANDIN_FAIL") and os.environ["DWG_STANDIN_FAIL"] in json.dumps(params):
     raise RuntimeError("stand-in failure: parameters contain " + os.environ["DWG_STANDIN_FAIL"])
@@ -417,7 +418,7 @@ for step in range(3):
     time.sleep(SLEEP)
     ck.write_text(str(step))
     with open(work.parent / "steps.log", "a") as f: f.write(f"{step}\\n")
-    if os.environ.get("DWG_PROGRESS_FILE"): Path(os.environ["DWG_PROGRESS_FILE"]).write_text(f"train step {step + 1}/3")
+    report_progress("train step", step + 1, 3)
 (work / "value.txt").write_text(digest(model, read(dataset_dir), split, config, seed))
 os.replace(work, out); finish(steps=3)''',
     "graft_positions": '''\

@@ -412,10 +412,11 @@ class _Trainer(Trainer):
         super().__init__(*args, **kwargs); self.length_chunk = length_chunk
 
     def _get_train_sampler(self, train_dataset=None):
+        if not self.length_chunk: return super()._get_train_sampler(train_dataset)
         ds = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.length_chunk: return super()._get_train_sampler(*([train_dataset] if train_dataset is not None else []))
-        return LengthChunkSampler([len(r["input_ids"]) for r in ds], self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                  self.length_chunk, seed=self.args.data_seed or self.args.seed)
+        step = self.args.train_batch_size * self.args.gradient_accumulation_steps   # texts per optimizer step
+        return LengthChunkSampler([len(r["input_ids"]) for r in ds], step, self.length_chunk,
+                                  seed=self.args.data_seed or self.args.seed)
 
 # %% ../nbs/04_train.ipynb #55b82a7d
 def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction: str = "all", split: str = "all",
@@ -464,7 +465,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     # --- training ---
     examples = sample_recall_examples(eval_rows, fact_ids, cfg.recall_facts, seed)
     args = training_args(cfg, ckpt_dir, seed, precision, use_cpu=dev_type == "cpu", has_eval=bool(val_rows), progress=progress)
-    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0, data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
+    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
+                      data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
                       train_dataset=encode_rows(tok, train_rows, cfg.max_length, cfg.answer_only_loss),
                       eval_dataset=encode_rows(tok, val_rows, cfg.max_length, cfg.answer_only_loss) if args.eval_strategy != "no" else None,
                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),

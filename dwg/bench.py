@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_bench.ipynb #d6ba7d05
 from __future__ import annotations
-import argparse, copy, json, resource, statistics, sys, time
+import argparse, copy, inspect, json, resource, statistics, sys, time
 import torch
 from .graft import _targets
 
@@ -144,11 +144,11 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
 def main(argv=None):
     "Command line: print the benchmark as a small table and JSON."
     ap = argparse.ArgumentParser(prog="python -m dwg.bench", description=__doc__ or "dwg grafting benchmark")
-    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", default=None)
-    ap.add_argument("--batch", type=int, default=64); ap.add_argument("--n-original", type=int, default=5)
-    ap.add_argument("--n-facts", type=int, default=100); ap.add_argument("--json", default=None)
+    for name, p in inspect.signature(run_benchmark).parameters.items():  # one option per argument, same defaults
+        ap.add_argument(f"--{name.replace('_', '-')}", default=p.default, type=type(p.default) if p.default else None)
+    ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    res = run_benchmark(a.model, a.donor, a.batch, a.n_original, a.n_facts)
+    res = run_benchmark(**{k: v for k, v in vars(a).items() if k != 'json'})
     for k, v in res.items(): print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
     if a.json: open(a.json, "w").write(json.dumps(res, indent=1))
     return res

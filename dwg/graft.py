@@ -180,7 +180,7 @@ class _Pass:
     masks, worked out once per pass, and the rows gathered from the last input (q, k and v read the same input, as do
     gate and up). Installed on the recipient with its first graft, removed with its last."""
     def __init__(self, model):
-        self.users, self.live, self.splits, self.gathered = 0, None, None, (None, {})
+        self.users, self.live, self.splits, self.gathered = 0, None, None, (None, -1, {})
         self.handles = [model.register_forward_pre_hook(self.start, with_kwargs=True),
                         model.register_forward_hook(self.stop, always_call=True)]
 
@@ -188,7 +188,7 @@ class _Pass:
         am = kwargs.get("attention_mask")
         self.live, self.splits = (am.bool() if torch.is_tensor(am) and am.dim() == 2 else None), {}
 
-    def stop(self, *_): self.live, self.splits, self.gathered = None, None, (None, {})
+    def stop(self, *_): self.live, self.splits, self.gathered = None, None, (None, -1, {})
 
     def split(self, entries: list, x: torch.Tensor) -> dict | None:
         "The row split of the grafts `entries` for a module input `x` (cached within a pass)."
@@ -203,10 +203,10 @@ class _Pass:
         return s
 
     def gather(self, x: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        "`flat[rows]`, where `flat` is the input `x` flattened; reused while modules read the same `x` in this pass."
+        "`flat[rows]`, where `flat` is the input `x` flattened; reused while modules read the same, unchanged `x`."
         if self.splits is None: return flat.index_select(0, rows)
-        if self.gathered[0] is not x: self.gathered = (x, {})
-        got = self.gathered[1]
+        if self.gathered[0] is not x or self.gathered[1] != x._version: self.gathered = (x, x._version, {})
+        got = self.gathered[2]
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 

@@ -28,6 +28,7 @@ Options (after the command):
                    the sweep file's slurm: section
   -j N             local: run N runs at once
   --runs DIR       where runs are written (default ./runs/<profile>)
+  --log-every S    without a terminal (logs), print the running runs' progress at most every S seconds (default 60)
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
              DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
@@ -76,23 +77,10 @@ case "$cmd" in
     setup >/dev/null
     HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep status "$@"
     ;;
-  run|--profile|--sweep|--slurm|--wait|--runs|-j)
+  run|--profile|--sweep|--slurm|--wait|--runs|--log-every|-j)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
-    export HF_HUB_OFFLINE=1
-    if "$VENV/bin/python" -c "import dwg.sweep" 2>/dev/null; then
-      "$VENV/bin/python" -m dwg.sweep run "$@"
-    else
-      echo "dwg: the sweep (dwg.sweep: datasets -> training -> grafting -> figures) is not built yet."
-      echo "dwg: what exists now: the model zoo. Checking the embedded model:"
-      "$VENV/bin/python" - <<'PY'
-from dwg.models import load
-model, tok = load("smollm2-135m")
-ids = tok("The capital of France is", return_tensors="pt")
-out = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
-print("smollm2-135m: 'The capital of France is' ->", repr(tok.decode(out[0, ids["input_ids"].shape[1]:])))
-PY
-    fi
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep run "$@"
     ;;
   *) echo "run_all.sh: unknown command '$cmd'"; usage; exit 2 ;;
 esac

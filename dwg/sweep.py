@@ -705,13 +705,29 @@ def stage_summary(graph: dict, results: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/05_sweep.ipynb #f5658cb0
-def _with_progress(run: Run, runs_dir) -> str:
-    "A running run's name, with the last progress line its notebook reported."
-    line = read_progress(run_paths(runs_dir, run)["tmp"] / PROGRESS)
-    return f"{run.stage}:{run.label}" + (f" [{line}]" if line else "")
+def _running_text(items) -> str:
+    "Running runs as `stage:label [last progress line]`, comma-separated, from (stage, label, progress) triples."
+    return ", ".join(f"{stage}:{label}" + (f" [{line}]" if line else "") for stage, label, line in items)
 
-def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None) -> dict:
-    "Execute a graph's runs locally, `jobs` at once; returns {run key: {state, start, end}}."
+def _progress_of(runs_dir, run) -> tuple:
+    "(stage, label, the last progress line its notebook reported) of a running run."
+    return run.stage, run.label, read_progress(run_paths(runs_dir, run)["tmp"] / PROGRESS)
+
+class _BarNote:
+    """What a sweep's progress bar says about the running runs: its postfix on a terminal; in a log (no terminal),
+    a line of its own, at most every `every` seconds and only when it changed."""
+    def __init__(self, bar, every: float):
+        self.bar, self.every, self.text, self.logged, self.at = bar, every, None, None, time.time()
+        self.tty = not bar.disable and sys.stderr.isatty()
+
+    def show(self, text: str):
+        if text != self.text: self.bar.set_postfix_str(text[:100], refresh=self.tty); self.text = text
+        if self.bar.disable or self.tty or not text or text == self.logged or time.time() - self.at < self.every: return
+        self.bar.write(f"dwg.sweep: {self.bar.n}/{self.bar.total} runs finished; {text}")
+        self.logged, self.at = text, time.time()
+
+def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:
+    "Execute a graph's runs locally, `jobs` at once (progress lines every `log_every` s in logs); {run key: {state, start, end}}."
     from tqdm import tqdm
     runs_dir = Path(graph["runs_dir"]); runs = graph_runs(graph)
     graph_path = graph_path or save_graph(graph)
@@ -719,8 +735,8 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
     todo = [r for r in runs if r.key not in results]
     running, bad = {}, set()
     bar = tqdm(total=len(todo), unit="run", desc=f"sweep {graph['sweep']}", disable=not progress, dynamic_ncols=True,
-               mininterval=0.5)  # updates come once per finished run: each shows
-    shown, tty = None, progress and sys.stderr.isatty()
+               mininterval=0.5)
+    note = _BarNote(bar, log_every)
     def finish(r, state, start):
         results[r.key] = dict(state=state, start=start, end=time.time())
         if state != "done": bad.add(r.key)
@@ -738,8 +754,8 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
             while ready and len(running) < max(1, jobs):
                 r = ready.pop(0); todo.remove(r)
                 running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"]), time.time())
-            now = ", ".join(_with_progress(r, runs_dir) for r, _, _ in running.values())[:100]
-            if now != shown: bar.set_postfix_str(now, refresh=tty); shown = now   # logs: shown when a run finishes
+            running_now = _running_text(_progress_of(runs_dir, r) for r, _, _ in running.values())
+            note.show(f"running {running_now}" if running_now else "")
             if not running and todo and not ready: break    # cannot happen in a well-formed graph
             time.sleep(0.2)
             for key, (r, proc, start) in list(running.items()):
@@ -898,20 +914,24 @@ def _slurm_cancelled(runs_dir) -> dict:
                 out[key] = f"Slurm job {s['job_id']}_{i} {state} ({reason}): a run it depends on failed"
     return out
 
-def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True, timeout: float | None = None) -> dict:
+def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True, timeout: float | None = None,
+               log_every: float = 60) -> dict:
     "Poll `squeue` until the submission's jobs left the queue; cancel jobs stuck on a dependency that can never be met."
     from tqdm import tqdm
     jobs = [s["job_id"] for s in record["stages"].values()]
-    total = sum(len(s["runs"]) for s in record["stages"].values())
-    bar = tqdm(total=total, unit="run", desc="slurm", disable=not progress, dynamic_ncols=True)
+    runs = {r.key: r for r in graph_runs(read_graph(runs_dir))}
+    keys = [k for s in record["stages"].values() for k in s["runs"]]
+    bar = tqdm(total=len(keys), unit="run", desc="slurm", disable=not progress, dynamic_ncols=True)
+    note = _BarNote(bar, log_every)
     t0 = time.time()
     while True:
         q = _queued(jobs)
         stuck = sorted({l.split()[0].split("_")[0] for l in q if "DependencyNeverSatisfied" in l})
         if stuck: _sh("scancel", *stuck, check=False)   # a cluster without kill_invalid_depend
-        finished = sum(run_state(runs_dir, dict(stage=k.split("/")[0], id=k.split("/")[1])) in ("done", "failed")
-                       for s in record["stages"].values() for k in s["runs"])
-        bar.n = finished; bar.set_postfix_str(f"{len(q)} queued/running"); bar.refresh()
+        states = {k: run_state(runs_dir, runs[k]) for k in keys}
+        bar.n = sum(s in ("done", "failed") for s in states.values()); bar.refresh()
+        running = _running_text(_progress_of(runs_dir, runs[k]) for k, s in states.items() if s == "running")
+        note.show(f"{len(q)} in the queue" + (f"; running {running}" if running else ""))
         if not q: break
         if timeout and time.time() - t0 > timeout: bar.close(); raise TimeoutError(f"Slurm jobs {jobs} still queued after {timeout}s")
         time.sleep(poll)
@@ -935,6 +955,8 @@ def _parser() -> argparse.ArgumentParser:
     for k in SLURM_KEYS[:-1]: r.add_argument(f"--{k}", help=f"Slurm {k} for every stage (overrides the sweep file)")
     r.add_argument("--dry-run", action="store_true", help="expand and check; with --slurm write the sbatch scripts, submit nothing")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--log-every", type=float, default=60, metavar="S",
+                   help="without a terminal (logs, CI), print the running runs' progress at most every S seconds (default 60)")
     s = sub.add_parser("status", help="done / failed / pending runs per stage"); which(s); s.add_argument("--runs")
     s.add_argument("--json", action="store_true")
     sh = sub.add_parser("show", help="print the expanded run graph"); which(sh)
@@ -968,7 +990,7 @@ def cmd_run(args) -> int:
             print(f"  {st:18s} job {s['job_id']} ({len(s['runs'])} runs)" + (f" after {','.join(s['depends_on'])}" if s["depends_on"] else ""))
         if not rec["stages"]: print("dwg.sweep: nothing to submit: every run is done.")
         if not args.wait or args.dry_run: return 0
-        try: st = wait_slurm(rec, rd, progress=not args.no_progress)
+        try: st = wait_slurm(rec, rd, progress=not args.no_progress, log_every=args.log_every)
         except KeyboardInterrupt:
             print(f"dwg.sweep: stopped waiting; the jobs go on. `python -m dwg.sweep status --runs {rd}` shows them.", file=sys.stderr)
             return 130
@@ -976,7 +998,8 @@ def cmd_run(args) -> int:
         return 0 if all(i["state"] == "done" for items in st.values() for i in items) else 1
     t0 = time.time()
     signal.signal(signal.SIGTERM, _on_sigterm)   # `kill`: stop the children cleanly, like Ctrl-C
-    try: res = run_local(graph, args.jobs or graph.get("jobs") or 1, progress=not args.no_progress, graph_path=path)
+    try: res = run_local(graph, args.jobs or graph.get("jobs") or 1, progress=not args.no_progress, graph_path=path,
+                              log_every=args.log_every)
     except KeyboardInterrupt:
         print(f"dwg.sweep: interrupted. Finished runs are kept; rerun the same command to continue.", file=sys.stderr)
         return 130

@@ -1,6 +1,6 @@
 """dwg.sweep: expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
 interruptions), and the smoke profile with the real experiment notebooks."""
-import json, os, shutil, signal, subprocess, sys, time
+import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, yaml
 from dwg import sweep as sw
@@ -145,11 +145,14 @@ def test_slurm_without_sbatch(tmp_path):
 
 # --- local runs with stand-in notebooks ---------------------------------------------------------------------------
 def test_local_run_then_rerun_skips(tmp_path):
-    "A local sweep finishes every run (executed notebooks kept); a rerun skips them all and rewrites nothing."
+    """A local sweep finishes every run (executed notebooks kept), its log telling the running runs' progress; a rerun
+    skips them all and rewrites nothing."""
     nbs, sweep = standin_setup(tmp_path)
     rd = tmp_path / "runs"
-    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "-j", "2", "--no-progress")
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "-j", "2", "--log-every", "0",
+                  env={"DWG_STANDIN_SLEEP": "0.5"})
     assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"dwg.sweep: \d+/10 runs finished; running .*models:tiny-llama:d\d:sft \[train step [12]/3\]", r.stdout), r.stdout
     assert "graft_positions" in r.stdout and "run time" in r.stdout     # the per-stage summary
     st = states(rd)
     assert len(st) == 10 and {i["state"] for i in st.values()} == {"done"}

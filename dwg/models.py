@@ -40,6 +40,11 @@ TINY_MODELS = {  # one entry per architecture family; small enough to run in mil
                         num_attention_heads=4, rotary_pct=0.25, tie_word_embeddings=False),
     "tiny-olmo": dict(model_type="olmo", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
+    "tiny-gemma2": dict(model_type="gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=4,  # Gemma 2/3
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                        tie_word_embeddings=True),
+    "tiny-olmo2": dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
 }
 
 def available() -> list[str]:

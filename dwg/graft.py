@@ -13,7 +13,7 @@ import torch
 __all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'POSITION_PLANS', 'COMPONENT_SETS',
            'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS', 'PAPER_PLANS', 'POSITION_FIGURE_PLANS', 'architecture',
            'layer_groups', 'resolve_layers', 'graftable', 'resolve_components', 'check_compatible', 'graft',
-           'MissingSpan', 'resolve_positions', 'Rule', 'GraftPlan', 'dropped_layers', 'get_plan']
+           'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'dropped_layers', 'get_plan']
 
 # %% ../nbs/02_graft.ipynb #1d00f5b4
 _LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
@@ -77,7 +77,9 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
             raise ValueError(f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, or a list of indices 0..{n_layers - 1}.")
         return groups[layers]
     idx = [layers] if isinstance(layers, int) else list(layers)
-    bad = [i for i in idx if not isinstance(i, int) or not -n_layers <= i < n_layers]
+    if (bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]):
+        raise ValueError(f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name ({', '.join(groups)}).")
+    bad = [i for i in idx if not -n_layers <= i < n_layers]
     if bad: raise ValueError(f"Layer(s) {bad} out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
     return sorted({i % n_layers for i in idx})
 
@@ -338,6 +340,19 @@ def resolve_positions(spec, fields: dict[str, list[int]], n_tokens: int) -> set[
     if spec not in fields or not fields[spec]: raise MissingSpan(spec)
     return set(fields[spec])
 
+def _position_names(spec) -> list[str]:
+    "The names a positions spec uses (fields, `last_token`, `all`), through lists and `{not: ...}`."
+    if isinstance(spec, dict): return _position_names(spec.get("not", []))
+    if isinstance(spec, (list, tuple)): return [n for s in spec for n in _position_names(s)]
+    return [spec]
+
+def check_positions(spec):
+    "Raise if `spec` uses a name no prompt can have (e.g. a typo), listing the valid ones."
+    from dwg.data import FIELDS
+    bad = [n for n in _position_names(spec) if n not in (*FIELDS, "last_token", "all")]
+    if bad: raise ValueError(f"Unknown position name(s) {bad}. Valid: last_token, all, or a prompt field "
+                             f"({', '.join(FIELDS)}); a list is their union, {{not: [...]}} the complement.")
+
 # %% ../nbs/02_graft.ipynb #ecf58b4c
 @dataclass
 class Rule:
@@ -348,6 +363,7 @@ class Rule:
     components: object = "all"
     layer_dropout: float = 0.0
     dropout_strategy: str = "random"
+    def __post_init__(self): check_positions(self.positions)
 
 @dataclass
 class GraftPlan:

@@ -184,10 +184,23 @@ def _check_templates(templates, where, problems):
     return templates
 
 # %% ../nbs/05_sweep.ipynb #feab02bb
+def _check_grafting_options(sec: dict, where: str, problems: list):
+    "Problems with a grafting section's split, generation and size settings (each names the valid values)."
+    if sec["split"] not in ("all", "task", "relation"):
+        problems.append(f"{where}.split must be all, task or relation, got {sec['split']!r}.")
+    if sec.get("generated") not in (None, "base", "last_token"):
+        problems.append(f"{where}.generated must be base or last_token (what generated tokens use), got {sec['generated']!r}.")
+    if "generate" in sec and not isinstance(sec["generate"], bool):
+        problems.append(f"{where}.generate must be true or false, got {sec['generate']!r}.")
+    for key, low in (("batch_size", 1), ("max_examples", 0), ("seed", 0)):
+        v = sec.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+            problems.append(f"{where}.{key} must be an integer >= {low}, got {v!r}.")
+
 def load_sweep(sweep) -> dict:
     "A validated sweep with defaults filled in, from a profile name, a YAML path or a dict."
     raw, source = _read_sweep(sweep)
-    problems = _problems_keys(raw, TOP_KEYS, source)
+    problems = _problems_keys(raw, TOP_KEYS, "top level")
     if problems: raise SweepError(f"{source}: " + " ".join(problems))
     s = dict(name=str(raw.get("name") or "sweep"), description=raw.get("description") or "", source=source,
              jobs=raw.get("jobs", 1))
@@ -211,12 +224,17 @@ def load_sweep(sweep) -> dict:
         try: s[sec]["plans"] = resolve_plans(s[sec]["plans"], sec, f"{sec}.plans")
         except SweepError as e: problems.append(str(e))
         s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems)
+        _check_grafting_options(s[sec], sec, problems)
     if s["train"]:
         cfg = s["train"]["config"]
         if _profile_path(cfg) is None:
             problems.append(f"train.config: unknown training profile {cfg!r}. Profiles: {', '.join(train_profiles())}; or a YAML path.")
         if s["train"]["overrides"] is not None and not isinstance(s["train"]["overrides"], dict):
             problems.append("train.overrides must be a mapping of training profile settings, e.g. {epochs: 2}.")
+        elif _profile_path(cfg) is not None:
+            from dwg.train import resolve_config
+            try: resolve_config(str(_profile_path(cfg)), s["train"]["overrides"])
+            except ValueError as e: problems.append(f"train.overrides: {e}")
         if s["train"]["direction"] not in ("all", "A2B", "B2A"):
             problems.append(f"train.direction must be all, A2B or B2A, got {s['train']['direction']!r}.")
     if s["slurm"]:
@@ -251,9 +269,9 @@ def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
 
 # %% ../nbs/05_sweep.ipynb #e717e9c7
 def _profile_content(config) -> dict | None:
-    "The parsed training profile `config` (a name in dwg/configs or a path), for run ids."
+    "The parsed training profile `config` (a name in dwg/configs or a path), for run ids; its description does not count."
     p = _profile_path(config)
-    return yaml.safe_load(p.read_text()) if p else None
+    return {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
 
 def expand(sweep) -> list[Run]:
     "The run graph of a sweep, in stage order: datasets, models, graft_positions, graft_components, figures."

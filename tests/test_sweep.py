@@ -67,7 +67,10 @@ def test_training_profile_content_is_in_the_id(tmp_path):
     prof.write_text((Path(sw.__file__).parent / "configs" / "tiny.yaml").read_text())
     d = raw(); d["train"]["config"] = str(prof)
     before = {r.key for r in sw.expand(d)}
-    cfg = yaml.safe_load(prof.read_text()); cfg["epochs"] += 1
+    cfg = yaml.safe_load(prof.read_text()); cfg["description"] = "reworded"
+    prof.write_text(yaml.safe_dump(cfg))
+    assert {r.key for r in sw.expand(d)} == before          # the description is not a setting
+    cfg["epochs"] += 1
     prof.write_text(yaml.safe_dump(cfg))
     assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components", "graft_positions", "models"]
 
@@ -86,6 +89,10 @@ def test_training_profile_content_is_in_the_id(tmp_path):
     (lambda d: d["datasets"]["fake4"].update(n_facts=10**7), "n_facts must be an integer in [2,"),
     (lambda d: d["train"].update(config="tinyy"), "unknown training profile 'tinyy'"),
     (lambda d: d.update(models=["tiny-lama"]), "unknown model 'tiny-lama'"),
+    (lambda d: d["graft_positions"].update(split="relations"), "graft_positions.split must be all, task or relation"),
+    (lambda d: d["graft_positions"].update(generated="last"), "graft_positions.generated must be base or last_token"),
+    (lambda d: d["graft_components"].update(batch_size="x"), "graft_components.batch_size must be an integer >= 1"),
+    (lambda d: d["train"].update(overrides={"epoch": 2}), "train.overrides: Unknown training setting(s) 'epoch'"),
 ])
 def test_sweep_file_errors(tmp_path, change, message):
     "Each mistake is a clear error naming it."

@@ -20,15 +20,20 @@ Commands:
   bench          run the grafting speed benchmark (python -m dwg.bench)
   help | --help  this text
 
-Options (after the command):
-  --profile NAME   sweep profile for `run`: embedded (default), smoke, paper
+Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
+  --profile NAME   sweep profile: embedded (default), smoke, paper
   --sweep FILE     a sweep YAML file instead of a packaged profile
+  --runs DIR       where runs are written (default ./runs/<profile>)
+  -j, --jobs N     local: run N runs at once (default: the sweep file's jobs:, else 1)
   --slurm          submit the sweep to Slurm instead of running locally (one job array per stage); with --wait,
                    wait for the jobs and print the status; --partition/--time/--mem/--cpus/--gpus/--setup override
                    the sweep file's slurm: section
-  -j N             local: run N runs at once
-  --runs DIR       where runs are written (default ./runs/<profile>)
+  --dry-run        expand and check the sweep, run nothing (with --slurm: write the sbatch scripts, submit nothing)
+  --notebooks DIR  experiment notebooks to run (default nbs/experiments)
+  --no-progress    no progress bar or progress lines
   --log-every S    without a terminal (logs), print the running runs' progress at most every S seconds (default 60)
+  `./run_all.sh run --help` prints the sweep's own help (python -m dwg.sweep run --help).
+Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.bench (see its --help).
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
              DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
@@ -77,7 +82,7 @@ case "$cmd" in
     setup >/dev/null
     HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep status "$@"
     ;;
-  run|--profile|--sweep|--slurm|--wait|--runs|--log-every|-j)
+  run|-*)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
     HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep run "$@"

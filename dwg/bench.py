@@ -141,12 +141,21 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
     return res
 
+_OPTION_HELP = dict(
+    model="the base model (a name dwg.models.load knows)",
+    donor="the donor checkpoint, e.g. a sweep's relation model runs/embedded/models/<id>; default: a stand-in made "
+          "from the base model plus small random changes (same timing, no fine-tuned behaviour)",
+    batch="examples per batched forward", n_original="examples run through the original algorithm (seconds each)",
+    n_facts="facts in the position sweep (12 plans x n_facts x 1 prompt)",
+    workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")
+
 def main(argv=None):
     "Command line: print the benchmark as a small table and JSON."
     ap = argparse.ArgumentParser(prog="python -m dwg.bench", description=__doc__ or "dwg grafting benchmark")
     for name, p in inspect.signature(run_benchmark).parameters.items():  # one option per argument, same defaults
-        ap.add_argument(f"--{name.replace('_', '-')}", default=p.default, type=type(p.default) if p.default else None)
-    ap.add_argument("--json", default=None)
+        ap.add_argument(f"--{name.replace('_', '-')}", default=p.default, type=type(p.default) if p.default else None,
+                        help=_OPTION_HELP[name] + (f" (default {p.default})" if p.default is not None else ""))
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the numbers to this JSON file")
     a = ap.parse_args(argv)
     res = run_benchmark(**{k: v for k, v in vars(a).items() if k != 'json'})
     for k, v in res.items(): print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")

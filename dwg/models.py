@@ -159,10 +159,12 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
     name = str(name_or_path)
     if name in TINY_MODELS: model, tok = tiny_model(name, seed)
     elif name == EMBEDDED or Path(name).is_dir():
-        path = prepare_embedded() if name == EMBEDDED else Path(name)
-        if not (Path(path) / "config.json").exists():
-            raise FileNotFoundError(f"'{path}' is a directory but holds no model (no config.json). "
-                                    "Give the output directory of a finished training run.")
+        path = Path(prepare_embedded() if name == EMBEDDED else name)
+        if not (path / "config.json").exists() and (path / "model" / "config.json").exists():
+            path = path / "model"   # a sweep's training run directory (runs/<sweep>/models/<id>) holds it in model/
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"'{path}' is a directory but holds no model (no config.json). Give the output "
+                                    "directory of a finished training run (a sweep's runs/<sweep>/models/<id>).")
         model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
     elif name in HUB_MODELS or name.count("/") == 1 and not Path(name).exists():
         model, tok = _load_hub(HUB_MODELS.get(name, name), dtype=dtype)

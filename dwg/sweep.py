@@ -957,6 +957,11 @@ def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True,
     return status(runs_dir)
 
 # %% ../nbs/05_sweep.ipynb #32d31906
+_SLURM_OPTIONS = dict(partition=(str, "the partition"), time=(str, "the time limit per run (HH:MM:SS)"),
+                      mem=(str, "memory per run (e.g. 8G)"), cpus=(int, "CPUs per run"), gpus=(int, "GPUs per run (0: none)"),
+                      setup=(str, "a shell line run before each run, e.g. activating an environment (the run then uses "
+                                  "`python` from PATH)"))
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dwg.sweep", description="Run dwg sweeps: datasets -> models -> grafting -> figures.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -970,13 +975,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-j", "--jobs", type=int, help="local: runs at once (default: the sweep file's `jobs`, else 1)")
     r.add_argument("--slurm", action="store_true", help="submit to Slurm: one job array per stage")
     r.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs, then print the status")
-    for k in SLURM_KEYS[:-1]: r.add_argument(f"--{k}", help=f"Slurm {k} for every stage (overrides the sweep file)")
+    for k, (typ, what) in _SLURM_OPTIONS.items():
+        r.add_argument(f"--{k}", type=typ, help=f"with --slurm: {what}, for every stage (overrides the sweep file's slurm:)")
     r.add_argument("--dry-run", action="store_true", help="expand and check; with --slurm write the sbatch scripts, submit nothing")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     r.add_argument("--log-every", type=float, default=60, metavar="S",
                    help="without a terminal (logs, CI), print the running runs' progress at most every S seconds (default 60)")
-    s = sub.add_parser("status", help="done / failed / pending runs per stage"); which(s); s.add_argument("--runs")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("status", help="done / running / failed / interrupted / cancelled / pending runs per stage"); which(s)
+    s.add_argument("--runs", help="runs directory (default runs/<sweep name>)")
+    s.add_argument("--json", action="store_true", help="print the status as JSON (one item per run)")
     sh = sub.add_parser("show", help="print the expanded run graph"); which(sh)
     o = sub.add_parser("run-one", help="execute one run of a graph (what the backends call)")
     o.add_argument("--graph", required=True); o.add_argument("--run"); o.add_argument("--stage"); o.add_argument("--index", type=int)

@@ -32,6 +32,16 @@ def test_local_checkpoint_roundtrip(tmp_path):
     assert tok2("hello")["input_ids"] == tok("hello")["input_ids"]
 
 
+def test_sweep_training_run_directory_loads(tmp_path):
+    "A sweep's training run directory (the checkpoint in its model/) loads; a directory without a model is named."
+    model, tok = models.load("tiny-llama", seed=3)
+    model.save_pretrained(tmp_path / "run" / "model"); tok.save_pretrained(tmp_path / "run" / "model")
+    again, _ = models.load(tmp_path / "run")
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no model"): models.load(tmp_path / "empty")
+
+
 @pytest.mark.parametrize("name", list(models.TINY_MODELS))
 def test_tiny_models_differ_by_seed_and_family(name):
     "Each tiny model is its own family and its weights depend on the seed."

@@ -46,12 +46,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 def _median_times(fns: dict, repeat: int = 7) -> dict:
-    "Median wall time of each function, the functions interleaved (one warm-up each), so drifting load hits all alike."
+    """Median wall time of each function, the functions interleaved (one warm-up each) so drifting load hits all alike,
+    their order rotated every round, so that no function always runs right after the same other one."""
     for fn in fns.values(): fn()
-    times = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t = time.perf_counter(); fn(); times[k].append(time.perf_counter() - t)
+    times, names = {k: [] for k in fns}, list(fns)
+    for r in range(repeat):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t = time.perf_counter(); fns[k](); times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
 def _load_code(checkpoint) -> None:
@@ -74,7 +75,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
                   n_facts: int = 100, workdir: str | None = None) -> dict:
     "Measure the engine against the original algorithm and a plain forward; return the numbers."
     import tempfile
-    from dwg.models import load
+    from dwg.models import load, checkpoint_dir
     from dwg.data import create_dataset, load_split
     from dwg.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
     from dwg.graft import get_plan, POSITION_FIGURE_PLANS
@@ -84,6 +85,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
         donor = f"{workdir}/donor"
         code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
         subprocess.run([sys.executable, "-c", code], check=True)
+    donor = str(checkpoint_dir(donor))   # a sweep's training run directory works too
     res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
     _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
     rss0 = _rss_mb()

@@ -11,7 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 # %% auto #0
 __all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'available', 'dwg_home', 'default_device',
-           'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer', 'tiny_model', 'load']
+           'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer', 'tiny_model',
+           'checkpoint_dir', 'load']
 
 # %% ../nbs/00_models.ipynb #472c0f30
 HUB_MODELS = {
@@ -152,6 +153,11 @@ def _load_hub(hub_id: str, **kw):
     return AutoModelForCausalLM.from_pretrained(hub_id, **kw), AutoTokenizer.from_pretrained(hub_id)
 
 # %% ../nbs/00_models.ipynb #da7ae604
+def checkpoint_dir(path) -> Path:
+    "The checkpoint directory of `path`: itself, or its `model/` (a sweep's training run directory holds it there)."
+    path = Path(path)
+    return path / "model" if not (path / "config.json").exists() and (path / "model" / "config.json").exists() else path
+
 def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, device=None, seed: int = 0):
     "Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad token."
     device = torch.device(device) if device is not None else default_device()
@@ -159,9 +165,7 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
     name = str(name_or_path)
     if name in TINY_MODELS: model, tok = tiny_model(name, seed)
     elif name == EMBEDDED or Path(name).is_dir():
-        path = Path(prepare_embedded() if name == EMBEDDED else name)
-        if not (path / "config.json").exists() and (path / "model" / "config.json").exists():
-            path = path / "model"   # a sweep's training run directory (runs/<sweep>/models/<id>) holds it in model/
+        path = checkpoint_dir(prepare_embedded() if name == EMBEDDED else name)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"'{path}' is a directory but holds no model (no config.json). Give the output "
                                     "directory of a finished training run (a sweep's runs/<sweep>/models/<id>).")

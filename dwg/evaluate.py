@@ -47,7 +47,7 @@ def rank_and_prob(logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch
     "Rank (0 = best; a token as probable as the target counts as ahead of it) and probability of each row's target."
     probs = logits.softmax(-1)
     tgt = probs.gather(1, target_ids[:, None])
-    return (probs >= tgt).sum(-1) - 1, tgt[:, 0]
+    return (~(probs < tgt)).sum(-1) - 1, tgt[:, 0]   # a NaN target ranks last
 
 # %% ../nbs/03_evaluate.ipynb #94c03e0f
 def batches(items: list, size: int, desc: str | None = None):

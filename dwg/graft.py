@@ -207,7 +207,8 @@ class _Pass:
     def gather(self, x: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         "`flat[rows]`, where `flat` is the input `x` flattened; reused while modules read the same, unchanged `x`."
         if self.splits is None: return flat.index_select(0, rows)
-        if self.gathered[0] is not x or self.gathered[1] != x._version: self.gathered = (x, x._version, {})
+        version = -1 if x.is_inference() else x._version   # inference tensors have no version counter
+        if self.gathered[0] is not x or self.gathered[1] != version: self.gathered = (x, version, {})
         got = self.gathered[2]
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]

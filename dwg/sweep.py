@@ -232,9 +232,12 @@ def load_sweep(sweep) -> dict:
         if s["train"]["overrides"] is not None and not isinstance(s["train"]["overrides"], dict):
             problems.append("train.overrides must be a mapping of training profile settings, e.g. {epochs: 2}.")
         elif _profile_path(cfg) is not None:
-            from dwg.train import resolve_config
-            try: resolve_config(str(_profile_path(cfg)), s["train"]["overrides"])
-            except ValueError as e: problems.append(f"train.overrides: {e}")
+            from dwg.train import load_profile, resolve_config
+            try: load_profile(str(_profile_path(cfg)))
+            except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
+            else:
+                try: resolve_config(str(_profile_path(cfg)), s["train"]["overrides"])
+                except (ValueError, TypeError) as e: problems.append(f"train.overrides: {e}")
         if s["train"]["direction"] not in ("all", "A2B", "B2A"):
             problems.append(f"train.direction must be all, A2B or B2A, got {s['train']['direction']!r}.")
     if s["slurm"]:
@@ -937,7 +940,7 @@ def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True,
     "Poll `squeue` until the submission's jobs left the queue; cancel jobs stuck on a dependency that can never be met."
     from tqdm import tqdm
     jobs = [s["job_id"] for s in record["stages"].values()]
-    runs = {r.key: r for r in graph_runs(read_graph(runs_dir))}
+    runs = {r.key: r for r in graph_runs(read_graph(Path(record["dir"]) / "graph.json"))}   # the graph submitted
     keys = [k for s in record["stages"].values() for k in s["runs"]]
     bar = tqdm(total=len(keys), unit="run", desc="slurm", disable=not progress, dynamic_ncols=True)
     note = _BarNote(bar, log_every)
@@ -947,7 +950,8 @@ def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True,
         stuck = sorted({l.split()[0].split("_")[0] for l in q if "DependencyNeverSatisfied" in l})
         if stuck: _sh("scancel", *stuck, check=False)   # a cluster without kill_invalid_depend
         states = {k: run_state(runs_dir, runs[k]) for k in keys}
-        bar.n = sum(s in ("done", "failed") for s in states.values()); bar.refresh()
+        finished = sum(s in ("done", "failed") for s in states.values())
+        if finished != bar.n or note.tty: bar.n = finished; bar.refresh()   # logs: no repaint every poll
         running = _running_text(_progress_of(runs_dir, runs[k]) for k, s in states.items() if s == "running")
         note.show(f"{len(q)} in the queue" + (f"; running {running}" if running else ""))
         if not q: break

@@ -101,6 +101,16 @@ def test_sweep_file_errors(tmp_path, change, message):
     assert message in str(e.value)
 
 
+def test_training_profile_and_overrides_errors_are_told_apart(tmp_path):
+    "A bad setting in the training profile file is named as train.config's, a bad override as train.overrides'."
+    prof = tmp_path / "mine.yaml"
+    prof.write_text((Path(sw.__file__).parent / "configs" / "tiny.yaml").read_text() + "epochz: 2\n")
+    d = raw(); d["train"]["config"] = str(prof)
+    with pytest.raises(sw.SweepError, match=r"train.config: Unknown training setting\(s\) 'epochz'"): sw.load_sweep(d)
+    d = raw(); d["train"]["overrides"] = {1: 2}
+    with pytest.raises(sw.SweepError, match="train.overrides: "): sw.load_sweep(d)
+
+
 def test_sweep_file_errors_cli(tmp_path):
     "From the CLI: exit 2, the problems listed together, nothing written."
     d = raw(); d["graft_positions"]["plan"] = ["FE"]; d["datasets"]["fake4"]["kind"] = "fake"

@@ -330,11 +330,14 @@ def graft(recipient, donor, mask, layers="all", components="all"):
 class MissingSpan(KeyError):
     "A plan names a field whose span this prompt does not have."
 
+def _complemented(spec: dict):
+    "What a `{not: ...}` positions dict takes the complement of, or a clear error."
+    if set(spec) != {"not"}: raise ValueError(f"A positions dict must be {{'not': ...}}; got keys {sorted(spec)}.")
+    return spec["not"]
+
 def resolve_positions(spec, fields: dict[str, list[int]], n_tokens: int) -> set[int]:
     "Token indices (0..n_tokens-1) named by `spec`, given each field's token indices in the prompt."
-    if isinstance(spec, dict):
-        if set(spec) != {"not"}: raise ValueError(f"A positions dict must be {{'not': ...}}; got keys {sorted(spec)}.")
-        return set(range(n_tokens)) - resolve_positions(spec["not"], fields, n_tokens)
+    if isinstance(spec, dict): return set(range(n_tokens)) - resolve_positions(_complemented(spec), fields, n_tokens)
     if isinstance(spec, (list, tuple)): return set().union(*[resolve_positions(s, fields, n_tokens) for s in spec])
     if spec == "all": return set(range(n_tokens))
     if spec == "last_token": return {n_tokens - 1}
@@ -343,7 +346,7 @@ def resolve_positions(spec, fields: dict[str, list[int]], n_tokens: int) -> set[
 
 def _position_names(spec) -> list[str]:
     "The names a positions spec uses (fields, `last_token`, `all`), through lists and `{not: ...}`."
-    if isinstance(spec, dict): return _position_names(spec.get("not", []))
+    if isinstance(spec, dict): return _position_names(_complemented(spec))
     if isinstance(spec, (list, tuple)): return [n for s in spec for n in _position_names(s)]
     return [spec]
 

@@ -226,17 +226,17 @@ def load_sweep(sweep) -> dict:
         s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems)
         _check_grafting_options(s[sec], sec, problems)
     if s["train"]:
-        cfg = s["train"]["config"]
-        if _profile_path(cfg) is None:
+        cfg, path = s["train"]["config"], _profile_path(s["train"]["config"])
+        if path is None:
             problems.append(f"train.config: unknown training profile {cfg!r}. Profiles: {', '.join(train_profiles())}; or a YAML path.")
         if s["train"]["overrides"] is not None and not isinstance(s["train"]["overrides"], dict):
             problems.append("train.overrides must be a mapping of training profile settings, e.g. {epochs: 2}.")
-        elif _profile_path(cfg) is not None:
+        elif path is not None:   # the profile's own settings, then the overrides on top (dwg.train's checks)
             from dwg.train import load_profile, resolve_config
-            try: load_profile(str(_profile_path(cfg)))
+            try: profile = load_profile(str(path))
             except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
             else:
-                try: resolve_config(str(_profile_path(cfg)), s["train"]["overrides"])
+                try: resolve_config(profile, s["train"]["overrides"])
                 except (ValueError, TypeError) as e: problems.append(f"train.overrides: {e}")
         if s["train"]["direction"] not in ("all", "A2B", "B2A"):
             problems.append(f"train.direction must be all, A2B or B2A, got {s['train']['direction']!r}.")
@@ -726,13 +726,13 @@ def stage_summary(graph: dict, results: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/05_sweep.ipynb #f5658cb0
-def _running_text(items) -> str:
-    "Running runs as `stage:label [last progress line]`, comma-separated, from (stage, label, progress) triples."
-    return ", ".join(f"{stage}:{label}" + (f" [{line}]" if line else "") for stage, label, line in items)
+def _progress_line(runs_dir, run) -> str | None:
+    "The last progress line a running run's notebook reported, or None."
+    return read_progress(run_paths(runs_dir, run)["tmp"] / PROGRESS)
 
-def _progress_of(runs_dir, run) -> tuple:
-    "(stage, label, the last progress line its notebook reported) of a running run."
-    return run.stage, run.label, read_progress(run_paths(runs_dir, run)["tmp"] / PROGRESS)
+def _running_text(runs_dir, runs) -> str:
+    "Running runs as `stage:label [last progress line]`, comma-separated."
+    return ", ".join(f"{r.stage}:{r.label}" + (f" [{line}]" if (line := _progress_line(runs_dir, r)) else "") for r in runs)
 
 class _BarNote:
     """What a sweep's progress bar says about the running runs: its postfix on a terminal; in a log (no terminal),
@@ -775,7 +775,7 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
             while ready and len(running) < max(1, jobs):
                 r = ready.pop(0); todo.remove(r)
                 running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"]), time.time())
-            running_now = _running_text(_progress_of(runs_dir, r) for r, _, _ in running.values())
+            running_now = _running_text(runs_dir, [r for r, _, _ in running.values()])
             note.show(f"running {running_now}" if running_now else "")
             if not running and todo and not ready: break    # cannot happen in a well-formed graph
             time.sleep(0.2)
@@ -809,7 +809,7 @@ def status(runs_dir, graph: dict | None = None) -> dict:
             f = p["tmp"] / "FAILED"
             if f.is_file(): item["error"] = json.loads(f.read_text())["error"]
         if st == "cancelled": item["reason"] = cancelled[r.key]
-        if st == "running": item["progress"] = read_progress(p["tmp"] / PROGRESS)
+        if st == "running": item["progress"] = _progress_line(runs_dir, r)
         out.setdefault(r.stage, []).append(item)
     return out
 
@@ -952,7 +952,7 @@ def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True,
         states = {k: run_state(runs_dir, runs[k]) for k in keys}
         finished = sum(s in ("done", "failed") for s in states.values())
         if finished != bar.n or note.tty: bar.n = finished; bar.refresh()   # logs: no repaint every poll
-        running = _running_text(_progress_of(runs_dir, runs[k]) for k, s in states.items() if s == "running")
+        running = _running_text(runs_dir, [runs[k] for k, s in states.items() if s == "running"])
         note.show(f"{len(q)} in the queue" + (f"; running {running}" if running else ""))
         if not q: break
         if timeout and time.time() - t0 > timeout: bar.close(); raise TimeoutError(f"Slurm jobs {jobs} still queued after {timeout}s")

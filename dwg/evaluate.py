@@ -4,8 +4,17 @@
 
 # %% ../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
+import json, time
+from contextlib import ExitStack
+from pathlib import Path
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
+from .data import load_split, token_positions
+from .models import load
+from .graft import graft, resolve_layers
+from .plans import get_plan, resolve_positions, kept_layers, MissingSpan
+from .runs import report_progress, write_jsonl, write_run_record
 
 # %% auto #0
 __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'first_token_scores', 'top_k', 'prepare',
@@ -70,13 +79,8 @@ def top_k(rows: list[dict], k: int = 1) -> float:
     return sum(r["rank"] < k for r in rows) / max(len(rows), 1)
 
 # %% ../nbs/03_evaluate.ipynb #d5f86ba6
-from contextlib import ExitStack
-from .graft import graft, get_plan, resolve_layers, resolve_positions, dropped_layers, MissingSpan
-from .runs import report_progress
-
 def prepare(tokenizer, examples: list[dict], device=None) -> dict:
     "Tokenize a chunk of evaluation examples once: batch, per-example field token positions, target ids."
-    from dwg.data import token_positions
     enc = encode(tokenizer, [e["prompt"] for e in examples], device)
     enc["fields"] = [token_positions(tokenizer, e["prompt"], e.get("spans", {})) for e in examples]
     enc["targets"] = [target_token_ids(tokenizer, e["prompt"], e["target"]) for e in examples]
@@ -110,7 +114,7 @@ def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0) -> Exi
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
         layers = resolve_layers(rule.layers, base.config.num_hidden_layers)
-        layers = dropped_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
+        layers = kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
         stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
 
@@ -120,7 +124,7 @@ def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
     hit = torch.stack(masks).any(0).any(0).nonzero() if masks else torch.zeros(0)
     return int(hit[0]) if len(hit) else width
 
-def _columns(batch: dict, start: int, stop: int | None = None) -> dict:
+def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
     "Columns `start:stop` of a batch; the attention mask keeps every column up to `stop` (it also covers the cache)."
     return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
                 attention_mask=batch["attention_mask"][:, :stop])
@@ -135,7 +139,7 @@ class SharedPrefix:
         "A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped)."
         if start == 0 or not self.croppable: return None
         if self.cache is None or self.cache.get_seq_length() < start:
-            self.cache = self.model(**_columns(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
+            self.cache = self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
             self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
             if not self.croppable: self.cache = None; return None  # e.g. sliding-window layers (Gemma 2/3)
         extra = self.cache.get_seq_length() - start
@@ -150,7 +154,7 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
     cache = prefix.take(start) if prefix is not None else None
     if cache is None: start = 0
     with grafted(plan, models, masks, seed):
-        out = models[plan.base](**_columns(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 
 # %% ../nbs/03_evaluate.ipynb #7b1f4411
@@ -169,7 +173,7 @@ def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: 
     for _ in range(n_new - 1):
         batch, masks = _extend(batch, masks, out[-1], generated)
         with grafted(plan, models, masks, seed):
-            step = models[plan.base](**_columns(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
+            step = models[plan.base](**_time_slice(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
                                      use_cache=True, logits_to_keep=1)
         out.append(step.logits[:, -1].argmax(-1, keepdim=True)); cache = step.past_key_values
     return torch.cat(out, 1)
@@ -229,7 +233,6 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
 # %% ../nbs/03_evaluate.ipynb #5bdd0a84
 def summarize(rows, ks=(1, 5), by=("plan", "template")):
     "A pandas table of top-k accuracy, mean target probability and counts (n, skipped) per `by` group."
-    import pandas as pd
     df = pd.DataFrame(rows)
     if "skipped" not in df: df["skipped"] = False
     ok = df[~df["skipped"].astype(bool)]
@@ -242,12 +245,8 @@ def summarize(rows, ks=(1, 5), by=("plan", "template")):
     return out.reset_index()
 
 # %% ../nbs/03_evaluate.ipynb #105a0b49
-import time
-from pathlib import Path
-
 def _load_roles(models: dict) -> tuple[dict, object]:
     "Load each distinct model of a role -> (name | path | model) mapping once; return (role -> model, tokenizer)."
-    from dwg.models import load
     loaded, out, tok = {}, {}, None
     for role, m in models.items():
         if isinstance(m, tuple): out[role], tok = m[0], tok or m[1]; continue
@@ -258,7 +257,6 @@ def _load_roles(models: dict) -> tuple[dict, object]:
 
 def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0) -> list[dict]:
     "Evaluation examples of a dataset directory, filtered by template names and fact split."
-    from dwg.data import load_split
     exs = load_split(dataset_dir, "eval")
     names = sorted({e["template"] for e in exs})
     if templates != "all":
@@ -274,8 +272,6 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
                  batch_size: int = 64, generate: bool = False, generated: str = "base", max_examples: int = 0,
                  out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None):
     "Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write results + run record."
-    from dwg.runs import write_jsonl, write_run_record
-    import pandas as pd
     started = time.time()
     plans = [get_plan(p) for p in plans]
     need = sorted({r for p in plans for r in p.roles} - set(models))
@@ -284,7 +280,7 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     bound, tok = _load_roles({r: m for r, m in models.items() if any(r in p.roles for p in plans)})
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
-    kind = __import__("json").loads(info.read_text()).get("kind") if info.exists() else None
+    kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
     for r in rows: r.update(experiment=experiment, model=model_name, dataset=kind)
     if out_dir is not None:

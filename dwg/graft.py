@@ -4,16 +4,12 @@
 
 # %% ../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
-import random
 from contextlib import contextmanager
-from dataclasses import dataclass, field, asdict
 import torch
 
 # %% auto #0
-__all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'POSITION_PLANS', 'COMPONENT_SETS',
-           'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS', 'PAPER_PLANS', 'POSITION_FIGURE_PLANS', 'architecture',
-           'layer_groups', 'resolve_layers', 'graftable', 'resolve_components', 'check_compatible', 'graft',
-           'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'dropped_layers', 'get_plan']
+__all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups',
+           'resolve_layers', 'graftable', 'resolve_components', 'check_compatible', 'graft']
 
 # %% ../nbs/02_graft.ipynb #1d00f5b4
 _LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
@@ -92,7 +88,7 @@ def _get(root, path: str):
 def _has_weights(module) -> bool:
     return module is not None and any(True for _ in module.parameters(recurse=False))
 
-def _columns(module, part: str | None, n_heads: int) -> torch.Tensor | None:
+def _fused_part_columns(module, part: str | None, n_heads: int) -> torch.Tensor | None:
     "Boolean mask over a fused module's output features for `part` ('cols:i/n' or 'heads:i/n'); None = all."
     if part is None: return None
     kind, frac = part.split(":"); i, n = map(int, frac.split("/"))
@@ -134,18 +130,23 @@ def resolve_components(model, components) -> list[str]:
     return list(dict.fromkeys(out))
 
 # %% ../nbs/02_graft.ipynb #8a46a9b7
+_SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune)."
+
 def check_compatible(recipient, donor):
-    "Raise if `donor` cannot be grafted into `recipient` (architecture or any parameter shape differs)."
+    "Raise unless `donor` and `recipient` have the same architecture, parameter names and shapes."
     if recipient is donor: return
     rt, dt = recipient.config.model_type, donor.config.model_type
-    if rt != dt: raise ValueError(f"Donor is a {dt} model but the recipient is {rt}: grafting needs the same architecture.")
-    dp = dict(donor.named_parameters())
-    for name, p in recipient.named_parameters():
-        q = dp.get(name)
-        if q is None: raise ValueError(f"Donor has no parameter '{name}' that the recipient has.")
-        if q.shape != p.shape:
-            raise ValueError(f"Donor and recipient differ at '{name}': {tuple(q.shape)} vs {tuple(p.shape)}. "
-                             "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune).")
+    if rt != dt:
+        raise ValueError(f"Donor is a {dt} model but the recipient is {rt}: grafting needs the same architecture.")
+    rp, dp = dict(recipient.named_parameters()), dict(donor.named_parameters())
+    for missing, has, names in (("Donor", "recipient", set(rp) - set(dp)), ("Recipient", "donor", set(dp) - set(rp))):
+        if names:
+            raise ValueError(f"{missing} has no parameter '{sorted(names)[0]}' that the {has} has ({len(names)} such "
+                             f"parameters; the two have {len(rp)} and {len(dp)}). {_SAME_MODEL_FIX}")
+    for name, p in rp.items():
+        if dp[name].shape != p.shape:
+            raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
+                             + _SAME_MODEL_FIX)
 
 # %% ../nbs/02_graft.ipynb #f307205a
 def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +292,7 @@ def _targets(recipient, donor, layers, components) -> list[tuple]:
         spec = arch["layer"][name]; part = None if isinstance(spec, str) else spec[1]
         for i in idx:
             path = have[name][i]; r = _get(recipient, path)
-            out.append((r, _get(donor, path), _columns(r, part, heads)))
+            out.append((r, _get(donor, path), _fused_part_columns(r, part, heads)))
     return out
 
 def _as_mask(mask) -> torch.Tensor:
@@ -325,117 +326,3 @@ def graft(recipient, donor, mask, layers="all", components="all"):
         check.remove()
         for r, entry in added: _remove_splice(r, entry)
         _exit_pass(recipient)
-
-# %% ../nbs/02_graft.ipynb #a6e88f8b
-class MissingSpan(KeyError):
-    "A plan names a field whose span this prompt does not have."
-
-def _complemented(spec: dict):
-    "What a `{not: ...}` positions dict takes the complement of, or a clear error."
-    if set(spec) != {"not"}: raise ValueError(f"A positions dict must be {{'not': ...}}; got keys {sorted(spec)}.")
-    return spec["not"]
-
-def resolve_positions(spec, fields: dict[str, list[int]], n_tokens: int) -> set[int]:
-    "Token indices (0..n_tokens-1) named by `spec`, given each field's token indices in the prompt."
-    if isinstance(spec, dict): return set(range(n_tokens)) - resolve_positions(_complemented(spec), fields, n_tokens)
-    if isinstance(spec, (list, tuple)): return set().union(*[resolve_positions(s, fields, n_tokens) for s in spec])
-    if spec == "all": return set(range(n_tokens))
-    if spec == "last_token": return {n_tokens - 1}
-    if spec not in fields or not fields[spec]: raise MissingSpan(spec)
-    return set(fields[spec])
-
-def _position_names(spec) -> list[str]:
-    "The names a positions spec uses (fields, `last_token`, `all`), through lists and `{not: ...}`."
-    if isinstance(spec, dict): return _position_names(_complemented(spec))
-    if isinstance(spec, (list, tuple)): return [n for s in spec for n in _position_names(s)]
-    return [spec]
-
-def check_positions(spec):
-    "Raise if `spec` uses a name no prompt can have (e.g. a typo), listing the valid ones."
-    from dwg.data import FIELDS
-    bad = [n for n in _position_names(spec) if n not in (*FIELDS, "last_token", "all")]
-    if bad: raise ValueError(f"Unknown position name(s) {bad}. Valid: last_token, all, or a prompt field "
-                             f"({', '.join(FIELDS)}); a list is their union, {{not: [...]}} the complement.")
-
-# %% ../nbs/02_graft.ipynb #ecf58b4c
-@dataclass
-class Rule:
-    "Use `donor`'s weights at `positions` for `layers` x `components`."
-    donor: str
-    positions: object = "all"
-    layers: object = "all"
-    components: object = "all"
-    layer_dropout: float = 0.0
-    dropout_strategy: str = "random"
-    def __post_init__(self): check_positions(self.positions)
-
-@dataclass
-class GraftPlan:
-    "A base model role plus grafting rules; round-trips through plain dicts (and so YAML)."
-    name: str
-    base: str
-    rules: list = field(default_factory=list)
-    def __post_init__(self): self.rules = [r if isinstance(r, Rule) else _from_dict(Rule, r, "rule") for r in self.rules]
-    def to_dict(self) -> dict: return asdict(self)
-    @classmethod
-    def from_dict(cls, d: dict) -> "GraftPlan": return _from_dict(cls, d, "plan")
-    @property
-    def roles(self) -> list[str]: return list(dict.fromkeys([self.base, *[r.donor for r in self.rules]]))
-
-def _from_dict(cls, d: dict, what: str):
-    "Build a dataclass from a dict; unknown keys are an error that names them."
-    valid = cls.__dataclass_fields__
-    bad = [k for k in d if k not in valid]
-    if bad: raise ValueError(f"Unknown {what} key(s) {bad}; valid keys: {', '.join(valid)}.")
-    return cls(**d)
-
-def dropped_layers(layers: list[int], fraction: float, strategy: str = "random", seed: int = 0) -> list[int]:
-    "The layers kept after dropping `fraction` of them (`random`: each with that probability; `count`: exactly that share)."
-    if not fraction: return layers
-    rng = random.Random(seed)
-    if strategy == "random": return [l for l in layers if rng.random() >= fraction]
-    if strategy == "count": return sorted(rng.sample(layers, len(layers) - round(fraction * len(layers))))
-    raise ValueError(f"Unknown dropout_strategy '{strategy}': use 'random' or 'count'.")
-
-# %% ../nbs/02_graft.ipynb #0ced78d3
-POSITION_PLANS = {"FE": ["first_actor"], "LT": ["last_token"], "FE+LT": ["first_actor", "last_token"],
-                  "(FE+LT)^C": {"not": ["first_actor", "last_token"]}, "not_FE": {"not": ["first_actor"]},
-                  "not_LT": {"not": ["last_token"]}, "M": ["movie_title"], "FE+M": ["first_actor", "movie_title"],
-                  "M+LT": ["movie_title", "last_token"], "FE+M+LT": ["first_actor", "movie_title", "last_token"]}
-COMPONENT_SETS = {"attn+ffn": ["attn", "ffn"], "o+ffn": ["o", "ffn"], "ffn": ["ffn"], "o": ["o"], "attn": ["attn"],
-                  "q": ["q"], "k": ["k"], "v": ["v"], "q+k": ["q", "k"], "v+o": ["v", "o"]}
-COMPONENT_LAYERS = ["all", "last_half"]
-DEPTH_GROUPS = {"attn": ["attn"], "ffn": ["ffn"], "attn+ffn": ["attn", "ffn"]}
-QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
-
-def _paper_plans() -> dict[str, GraftPlan]:
-    "Every plan of the paper, by name."
-    plans = {"PRE": GraftPlan("PRE", "pretrained"), "SFT": GraftPlan("SFT", "finetuned"),
-             "TASK": GraftPlan("TASK", "task"), "RELATION": GraftPlan("RELATION", "relation")}
-    for name, pos in POSITION_PLANS.items():
-        plans[name] = GraftPlan(name, "pretrained", [Rule("finetuned", pos)])
-        plans[f"pre->sft:{name}"] = GraftPlan(f"pre->sft:{name}", "finetuned", [Rule("pretrained", pos)])
-    plans["FE+LT:relation->task"] = GraftPlan("FE+LT:relation->task", "task", [Rule("relation", POSITION_PLANS["FE+LT"])])
-    for cname, comps in COMPONENT_SETS.items():
-        for lg in COMPONENT_LAYERS:
-            name = f"LT:{cname}@{lg}"
-            plans[name] = GraftPlan(name, "task", [Rule("relation", ["last_token"], lg, comps)])
-            plans[f"hybrid:{name}"] = GraftPlan(f"hybrid:{name}", "task", [Rule("relation", ["first_actor"]),
-                                                                         Rule("relation", ["last_token"], lg, comps)])
-    for pos in ("FE", "LT"):  # where in depth: one layer quarter x one component group at FE or LT
-        for gname, comps in DEPTH_GROUPS.items():
-            for q in QUARTERS:
-                name = f"{pos}:{gname}@{q}"
-                plans[name] = GraftPlan(name, "pretrained", [Rule("finetuned", POSITION_PLANS[pos], q, comps)])
-    return plans
-
-PAPER_PLANS = _paper_plans()
-POSITION_FIGURE_PLANS = ["PRE", "SFT", *POSITION_PLANS]  # the 12 plans of the position experiment
-
-def get_plan(plan) -> GraftPlan:
-    "A plan from a name (one of `PAPER_PLANS`), a dict, or a GraftPlan."
-    if isinstance(plan, GraftPlan): return plan
-    if isinstance(plan, dict): return GraftPlan.from_dict(plan)
-    if plan not in PAPER_PLANS:
-        raise ValueError(f"Unknown plan '{plan}'. Known plans: {', '.join(PAPER_PLANS)}; or give a dict/GraftPlan.")
-    return PAPER_PLANS[plan]

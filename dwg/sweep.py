@@ -8,6 +8,7 @@ import argparse, ast, contextlib, fcntl, hashlib, json, os, shlex, shutil, signa
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import yaml
+from . import plans as plans_mod
 from .runs import atomic_write, read_progress, PROGRESS_FILE_VAR
 
 # %% auto #0
@@ -66,35 +67,13 @@ def profiles() -> list[str]:
 
 # %% ../nbs/05_sweep.ipynb #7e7afb7c
 def plan_groups() -> dict[str, list[str]]:
-    "Named groups of `dwg.graft.PAPER_PLANS` usable as `plans:` in a sweep file."
-    from dwg.graft import PAPER_PLANS, POSITION_FIGURE_PLANS
-    pos = [p for p, g in PAPER_PLANS.items() if set(g.roles) <= {"pretrained", "finetuned"}]
-    comp = [p for p, g in PAPER_PLANS.items() if set(g.roles) <= {"task", "relation"}]
-    return {"position": list(POSITION_FIGURE_PLANS), "all_position": pos,
-            "components": ["TASK", "RELATION", "FE+LT:relation->task"] + [p for p in comp if p.startswith("LT:")],
-            "hybrid": ["TASK", "RELATION"] + [p for p in comp if p.startswith("hybrid:")],
-            "all_components": comp, "depth": [p for p in pos if p.startswith(("FE:", "LT:"))]}
+    "Named groups of plans usable as `plans:` in a sweep file (`dwg.plans.plan_groups`)."
+    return plans_mod.plan_groups()
 
 def resolve_plans(plans, stage: str, where: str) -> list[str]:
-    "Plan names for `stage` from a group name or a list of plan and group names; a `SweepError` on unknown or misplaced plans."
-    from dwg.graft import PAPER_PLANS
-    groups = plan_groups()
-    if isinstance(plans, str): plans = [plans]
-    if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
-        raise SweepError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
-                         "group names.")
-    plans = [q for p in plans for q in groups.get(p, [p])]
-    unknown = [p for p in plans if p not in PAPER_PLANS]
-    if unknown:
-        raise SweepError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.graft.PAPER_PLANS): "
-                         f"{', '.join(PAPER_PLANS)}; groups: {', '.join(groups)}.")
-    roles = STAGES[stage].roles
-    wrong = [p for p in plans if not set(PAPER_PLANS[p].roles) <= set(roles)]
-    if wrong:
-        raise SweepError(f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "
-                         f"{sorted({r for p in wrong for r in PAPER_PLANS[p].roles})}, but {stage} provides "
-                         f"{list(roles)}. Move them to the other grafting section.")
-    return list(dict.fromkeys(plans))
+    "Plan names for `stage` from a group name or a list of plan and group names; a `SweepError` if one cannot run."
+    try: return plans_mod.resolve_plans(plans, STAGES[stage].roles, where, provider=stage)
+    except ValueError as e: raise SweepError(str(e)) from None
 
 # %% ../nbs/05_sweep.ipynb #1f994b24
 def _problems_keys(d, allowed, where: str) -> list[str]:

@@ -32,9 +32,9 @@ def test_smoke_graph_shape():
     assert sorted(r.params["split"] for r in g if r.stage == "models") == ["relation", "task"]
     relation = next(r for r in g if r.stage == "models" and r.params["split"] == "relation")
     assert next(r for r in g if r.stage == "graft_positions").inputs[-1] == relation.key
-    from dwg.graft import PAPER_PLANS
+    from dwg.plans import paper_plans
     plans = [p for r in g if r.stage.startswith("graft_") for p in r.params["plans"]]
-    assert sorted(plans) == sorted(PAPER_PLANS)
+    assert sorted(plans) == sorted(paper_plans())
 
 
 def test_ids_change_with_config_and_only_downstream():
@@ -288,6 +288,6 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(r.stdout)
     assert {i["state"] for i in states(rd).values()} == {"done"}
     table = results_table(rd)
-    from dwg.graft import PAPER_PLANS
-    assert {k[1] for k in table} == set(PAPER_PLANS)
+    from dwg.plans import paper_plans
+    assert {k[1] for k in table} == set(paper_plans())
     print(f"smoke took {took:.0f}s")

@@ -4,14 +4,74 @@
 
 # %% ../nbs/07_bench.ipynb #d6ba7d05
 from __future__ import annotations
-import argparse, copy, inspect, json, resource, statistics, sys, time
+import argparse, copy, inspect, json, resource, statistics, subprocess, sys, tempfile, time
 import torch
-from .graft import _targets
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from .models import load, checkpoint_dir
+from .data import create_dataset, load_split
+from .evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
+from .plans import get_plan, plan_groups
 
 # %% auto #0
-__all__ = ['naive_last_logits', 'make_standin_donor', 'run_benchmark', 'main']
+__all__ = ['REFERENCE_PARAMS', 'naive_last_logits', 'make_standin_donor', 'run_benchmark', 'main']
 
 # %% ../nbs/07_bench.ipynb #c93339f7
+_LLAMA_PARTS = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
+                    gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj")
+_LLAMA_MODEL = dict(layer="model.layers.{i}.", embed="model.embed_tokens", ln_final="model.norm", lm_head="lm_head")
+REFERENCE_PARAMS = {   # model type -> where each canonical component's parameters are (names, not modules)
+    "llama": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
+    "gemma": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
+    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),   # OLMo 1's layer norms have no weights
+    "gemma2": dict(**_LLAMA_MODEL, parts=dict(    # pre- and post-norms around both blocks
+        **_LLAMA_PARTS, ln1="input_layernorm", ln_post_attn="post_attention_layernorm",
+        ln2="pre_feedforward_layernorm", ln_post_ffn="post_feedforward_layernorm")),
+    "olmo2": dict(**_LLAMA_MODEL, parts=dict(     # norms on the blocks' outputs, and on queries and keys
+        **_LLAMA_PARTS, ln1="post_attention_layernorm", ln2="post_feedforward_layernorm",
+        q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")),
+    "gpt2": dict(layer="transformer.h.{i}.", embed="transformer.wte", pos_embed="transformer.wpe",
+                 ln_final="transformer.ln_f", lm_head="lm_head", conv1d=True, parts=dict(
+                     q=("attn.c_attn", "thirds", 0), k=("attn.c_attn", "thirds", 1), v=("attn.c_attn", "thirds", 2),
+                     o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", ln1="ln_1", ln2="ln_2")),
+    "gpt_neox": dict(layer="gpt_neox.layers.{i}.", embed="gpt_neox.embed_in", ln_final="gpt_neox.final_layer_norm",
+                     lm_head="lm_head", parts=dict(
+                         q=("attention.query_key_value", "head_thirds", 0), o="attention.dense",
+                         k=("attention.query_key_value", "head_thirds", 1),
+                         v=("attention.query_key_value", "head_thirds", 2),
+                         up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
+                         ln1="input_layernorm", ln2="post_attention_layernorm")),
+}
+_REFERENCE_GROUPS = {"attn": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down")}
+_GLOBAL = ("embed", "pos_embed", "ln_final", "lm_head")
+
+def _reference_names(spec: dict, components) -> list[str]:
+    "Component names from names, groups and 'all', by the reference's own table."
+    names = [components] if isinstance(components, str) else list(components)
+    have = [*(g for g in _GLOBAL if g in spec), *spec["parts"]]
+    out = [n for c in names for n in (have if c == "all" else _REFERENCE_GROUPS.get(c, (c,)))]
+    return [n for n in out if n in have]
+
+def _reference_targets(model, layers, components) -> list[tuple[str, tuple | None]]:
+    "(parameter-name prefix, fused part or None) for each module the reference copies."
+    spec = REFERENCE_PARAMS[model.config.model_type]
+    n = model.config.num_hidden_layers
+    idx = range(n) if layers == "all" else [i % n for i in ([layers] if isinstance(layers, int) else layers)]
+    out = []
+    for name in _reference_names(spec, components):
+        if name in _GLOBAL:
+            out.append((spec[name] + ".", None))
+            continue
+        path, part = (spec["parts"][name], None) if isinstance(spec["parts"][name], str) else \
+                     (spec["parts"][name][0], spec["parts"][name][1:])
+        out += [(spec["layer"].format(i=i) + path + ".", part) for i in idx]
+    return out
+
+def _part_rows(n_out: int, part: tuple, n_heads: int) -> torch.Tensor:
+    "Output indices of a fused projection that belong to `part` (('thirds', i) or ('head_thirds', i))."
+    kind, i = part
+    idx = torch.arange(n_out)
+    return idx[i * n_out // 3:(i + 1) * n_out // 3] if kind == "thirds" else idx.view(n_heads, 3, -1)[:, i].reshape(-1)
+
 def _untie(model):
     "Give the lm_head its own weight, so copying donor embeddings does not also change the head."
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
@@ -19,20 +79,27 @@ def _untie(model):
 
 @torch.no_grad()
 def _copy_weights(hybrid, donor, layers, components):
-    "Copy `donor`'s weights for `layers` x `components` into `hybrid` (only the asked part of fused projections)."
-    for r, d, cols in _targets(hybrid, donor, layers, components):
-        for name, p in r.named_parameters(recurse=False):
-            q = getattr(d, name)
-            if cols is None: p.copy_(q)
-            elif hasattr(r, "nf") and p.dim() == 2: p[:, cols] = q[:, cols]  # GPT-2 Conv1D weight is (in, out)
-            else: p[cols] = q[cols]  # Linear (out, in) and biases
+    "Copy `donor`'s parameters for `layers` x `components` into `hybrid` (only the asked part of fused projections)."
+    conv1d = REFERENCE_PARAMS[hybrid.config.model_type].get("conv1d", False)
+    source = dict(donor.named_parameters(remove_duplicate=False))
+    targets = _reference_targets(hybrid, layers, components)
+    for name, p in hybrid.named_parameters():
+        for prefix, part in targets:
+            if not name.startswith(prefix) or "." in name[len(prefix):]: continue
+            if part is None:
+                p.copy_(source[name])
+                continue
+            dim = 1 if conv1d and p.dim() == 2 else 0    # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
+            rows = _part_rows(p.shape[dim], part, hybrid.config.num_attention_heads)
+            p.index_copy_(dim, rows, source[name].index_select(dim, rows))
 
 @torch.no_grad()
 def naive_last_logits(recipient, grafts: list[tuple], input_ids: torch.Tensor) -> torch.Tensor:
     "Last-position logits of one unpadded prompt, swapping weights token by token (deep copy per token + KV cache)."
     cache = None
     for t in range(len(input_ids)):
-        hybrid = copy.deepcopy(recipient); _untie(hybrid)
+        hybrid = copy.deepcopy(recipient)
+        _untie(hybrid)
         for donor, mask, layers, components in grafts:  # in order: a later graft overrides an earlier one
             if mask[t]: _copy_weights(hybrid, donor, layers, components)
         out = hybrid(input_ids=input_ids[None, t:t + 1], position_ids=torch.tensor([[t]]),
@@ -52,53 +119,36 @@ def _median_times(fns: dict, repeat: int = 7) -> dict:
     times, names = {k: [] for k in fns}, list(fns)
     for r in range(repeat):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            t = time.perf_counter(); fns[k](); times[k].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            fns[k]()
+            times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
 def _load_code(checkpoint) -> None:
     "Import what loading `checkpoint` imports (its model class on the meta device, its tokenizer), without weights."
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint))
     AutoTokenizer.from_pretrained(checkpoint)
 
 def make_standin_donor(model: str, out_dir, scale: float = 0.02, seed: int = 0) -> str:
     "Save a stand-in donor: `model` with small random changes to every weight (for timing and equality checks)."
-    from dwg.models import load
     donor, tok = load(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in donor.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
-    donor.save_pretrained(out_dir); tok.save_pretrained(out_dir)
+    donor.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
     return str(out_dir)
 
-def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: int = 64, n_original: int = 5,
-                  n_facts: int = 100, workdir: str | None = None) -> dict:
-    "Measure the engine against the original algorithm and a plain forward; return the numbers."
-    import tempfile
-    from dwg.models import load, checkpoint_dir
-    from dwg.data import create_dataset, load_split
-    from dwg.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
-    from dwg.graft import get_plan, POSITION_FIGURE_PLANS
-    import subprocess
-    workdir = workdir or tempfile.mkdtemp()
-    if donor is None:  # made in a child process, so that making it does not count in this process's peak memory
-        donor = f"{workdir}/donor"
-        code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
-        subprocess.run([sys.executable, "-c", code], check=True)
-    donor = str(checkpoint_dir(donor))   # a sweep's training run directory works too
-    res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
-    _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
-    rss0 = _rss_mb()
-    base, tok = load(model)
-    don = load(donor)[0]
-    res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
-    ds = create_dataset("fake_movies_fake_actors", n_facts=max(n_facts, batch), seed=0, out_dir=f"{workdir}/ds")
-    template = "stars_alongside" if any(e["template"] == "stars_alongside" for e in load_split(ds, "eval")) else None
-    exs = [e for e in load_split(ds, "eval") if template is None or e["template"] == template]
-    template = exs[0]["template"]; exs = [e for e in exs if e["template"] == template]
-    models, plan = dict(pretrained=base, finetuned=don), get_plan("FE+LT")
-    prep = prepare(tok, exs[:batch])
-    masks, _ = rule_masks(plan, prep)
+# %% ../nbs/07_bench.ipynb #0d36556b
+def _bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
+    "`n` evaluation examples of one prompt (`stars_alongside` if the dataset has it) and that prompt's name."
+    ds = create_dataset("fake_movies_fake_actors", n_facts=n, seed=0, out_dir=f"{workdir}/ds")
+    exs = load_split(ds, "eval")
+    template = "stars_alongside" if any(e["template"] == "stars_alongside" for e in exs) else exs[0]["template"]
+    return [e for e in exs if e["template"] == template], template
+
+def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list) -> tuple:
+    "Time grafted and plain forwards, padded and unpadded, interleaved; returns the (plain, engine) functions."
     real = prep["batch"]["attention_mask"].bool()
     res["padding_fraction"] = 1 - real.float().mean().item()
     res["grafted_fraction"] = (masks[0] & real).sum().item() / real.sum().item()
@@ -113,33 +163,65 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     res["grafted_over_plain"] = res["grafted_forward_s"] / res["plain_forward_s"]
     res["grafted_over_plain_unpadded"] = t["grafted_unpadded"] / t["plain_unpadded"]
     res["unpadded_shape"] = f"{len(real)} x {width}"
-    res["peak_rss_mb_engine"] = _rss_mb(); res["rss_code_loaded_mb"] = rss0
-    res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
-    res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
+    return plain, engine
+
+def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine, n_original: int):
+    "The original algorithm on `n_original` examples against the engine and a plain forward on their batch."
     fast, maxdp, slow_s, fast_s, plain_s = engine().softmax(-1), 0.0, [], [], []
-    for i in range(n_original):  # the original on one example, then the engine and a plain forward on the batch
-        pad = prep["pads"][i]; ids = prep["batch"]["input_ids"][i, pad:]
-        t = time.perf_counter(); slow = naive_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids)
-        slow_s.append(time.perf_counter() - t)
-        t = time.perf_counter(); engine(); fast_s.append(time.perf_counter() - t)
-        t = time.perf_counter(); plain(); plain_s.append(time.perf_counter() - t)
-        maxdp = max(maxdp, (slow.softmax(-1) - fast[i]).abs().max().item())
+    for i in range(n_original):
+        pad = prep["pads"][i]
+        ids = prep["batch"]["input_ids"][i, pad:]
+        for fn, times in ((lambda: naive_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids), slow_s),
+                          (engine, fast_s), (plain, plain_s)):
+            t = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t)
+            if times is slow_s: maxdp = max(maxdp, (out.softmax(-1) - fast[i]).abs().max().item())
+    n = len(prep["examples"])
     res["original_s_per_example"] = statistics.median(slow_s)
-    res["engine_s_per_example"] = statistics.median(fast_s) / len(prep["examples"])
+    res["engine_s_per_example"] = statistics.median(fast_s) / n
     res["speedup_per_example"] = res["original_s_per_example"] / res["engine_s_per_example"]
     # the ceiling: the speed-up a graft costing nothing would give, i.e. the original against a plain forward
-    res["speedup_if_grafting_were_free"] = res["original_s_per_example"] * len(prep["examples"]) / statistics.median(plain_s)
+    res["speedup_if_grafting_were_free"] = res["original_s_per_example"] * n / statistics.median(plain_s)
     res["max_abs_dprob"] = maxdp
     copies = []   # what the original pays at every token before its one-token step
     for _ in range(3):
-        t = time.perf_counter(); copy.deepcopy(base); copies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        copy.deepcopy(base)
+        copies.append(time.perf_counter() - t)
     res["original_deepcopy_s"] = statistics.median(copies)
-    res["original_tokens_per_example"] = statistics.median(len(ids) - p for ids, p in zip(prep["batch"]["input_ids"][:n_original].tolist(), prep["pads"]))
-    sweep_exs = exs[:n_facts]
+    ids = prep["batch"]["input_ids"][:n_original].tolist()
+    res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep["pads"]))
+
+def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: int = 64, n_original: int = 5,
+                  n_facts: int = 100, workdir: str | None = None) -> dict:
+    "Measure the engine against the original algorithm and a plain forward; return the numbers."
+    workdir = workdir or tempfile.mkdtemp()
+    if donor is None:  # made in a child process, so that making it does not count in this process's peak memory
+        donor = f"{workdir}/donor"
+        code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
+        subprocess.run([sys.executable, "-c", code], check=True)
+    donor = str(checkpoint_dir(donor))   # a sweep's training run directory works too
+    res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
+    _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
+    rss0 = _rss_mb()
+    base, tok = load(model)
+    don = load(donor)[0]
+    res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
+    exs, template = _bench_examples(workdir, max(n_facts, batch))
+    models, plan = dict(pretrained=base, finetuned=don), get_plan("FE+LT")
+    prep = prepare(tok, exs[:batch])
+    masks, _ = rule_masks(plan, prep)
+    plain, engine = _time_forwards(res, base, models, plan, prep, masks)
+    res["peak_rss_mb_engine"], res["rss_code_loaded_mb"] = _rss_mb(), rss0
+    res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
+    res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
+    _time_original(res, base, don, prep, masks, plain, engine, n_original)
+    sweep_plans, sweep_exs = plan_groups()["position"], exs[:n_facts]
     t = time.perf_counter()
-    evaluate_plans(POSITION_FIGURE_PLANS, models, tok, sweep_exs, batch_size=batch, progress=False)
+    evaluate_plans(sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False)
     res["position_sweep_s"] = time.perf_counter() - t
-    res["position_sweep_size"] = f"{len(POSITION_FIGURE_PLANS)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
+    res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
     return res
 

@@ -1,5 +1,6 @@
 """The grafting engine against the original token-by-token algorithm, on every tiny architecture."""
 import random
+from contextlib import ExitStack
 import pytest, torch
 from dwg.models import load, TINY_MODELS
 from dwg.graft import graft, graftable, resolve_components, check_compatible
@@ -9,11 +10,22 @@ from dwg.evaluate import encode, last_logits
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
 
 
+def _donor(name, seed):
+    """A tiny model whose every weight differs from the recipient's: another seed, and its 1-D parameters (norm
+    weights and biases, which random initialisation leaves equal across seeds) perturbed, so that grafting the wrong
+    norm or bias shows."""
+    don, _ = load(name, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in don.parameters():
+            if p.dim() == 1: p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return don
+
+
 @pytest.fixture(scope="module", params=list(TINY_MODELS))
 def pair(request):
     rec, tok = load(request.param, seed=0)
-    don, _ = load(request.param, seed=1)
-    return rec, don, tok
+    return rec, _donor(request.param, 1), tok
 
 
 def _random_graft(rec, don, mask_shape, rng):
@@ -26,12 +38,20 @@ def _random_graft(rec, don, mask_shape, rng):
     return don, mask, layers, comps
 
 
+def _assert_same(got_logits, want_logits, what=""):
+    """Same next-token distribution: 1e-5 in probability (the contract) and 1e-4 in log-probability. Tiny random
+    models spread probability almost uniformly over 49k tokens (~2e-5 each), where a probability tolerance alone
+    would miss even a wrong weight; log-probabilities do not."""
+    dp = (got_logits.softmax(-1) - want_logits.softmax(-1)).abs().max()
+    dlp = (got_logits.log_softmax(-1) - want_logits.log_softmax(-1)).abs().max()
+    assert dp < 1e-5 and dlp < 1e-4, (what, float(dp), float(dlp))
+
+
 def _engine(rec, tok, grafts):
     "Batched, left-padded engine logits at the last position, with nested grafts (masks given per unpadded prompt)."
     enc = encode(tok, PROMPTS)
     ids = enc["batch"]["input_ids"]
     with torch.no_grad():
-        from contextlib import ExitStack
         with ExitStack() as stack:
             for don, masks, layers, comps in grafts:
                 full = torch.zeros_like(ids, dtype=torch.bool)
@@ -48,26 +68,39 @@ def test_engine_matches_token_by_token_reference(pair, seed):
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
     don_, _, layers, comps = _random_graft(rec, don, (1,), rng)
     masks = [torch.rand(n, generator=torch.Generator().manual_seed(seed * 10 + i)) < 0.4 for i, n in enumerate(lens)]
-    got = _engine(rec, tok, [(don, masks, layers, comps)]).softmax(-1)
+    got = _engine(rec, tok, [(don, masks, layers, comps)])
     for i, p in enumerate(PROMPTS):
         ids = torch.tensor(tok(p)["input_ids"])
-        want = naive_last_logits(rec, [(don, masks[i], layers, comps)], ids).softmax(-1)
-        assert (got[i] - want).abs().max() < 1e-5, (comps, layers)
+        _assert_same(got[i], naive_last_logits(rec, [(don, masks[i], layers, comps)], ids), (comps, layers))
+
+
+def test_each_component_alone_matches_reference(pair):
+    """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
+    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.graft.ARCHITECTURES, so a wrong
+    table entry (e.g. two norms swapped) fails here."""
+    rec, don, tok = pair
+    lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
+    masks = [torch.rand(n, generator=torch.Generator().manual_seed(i)) < 0.5 for i, n in enumerate(lens)]
+    for m in masks: m[-1] = True   # the last position grafted too, so ln_final and lm_head count
+    for comp in graftable(rec):
+        got = _engine(rec, tok, [(don, masks, "all", [comp])])
+        for i, p in enumerate(PROMPTS[:1]):
+            ids = torch.tensor(tok(p)["input_ids"])
+            _assert_same(got[i], naive_last_logits(rec, [(don, masks[i], "all", [comp])], ids), comp)
 
 
 def test_nested_grafts_innermost_wins(pair):
     "Two donors on overlapping masks: the inner context wins where they overlap, as in the reference applied in order."
     rec, don, tok = pair
-    don2, _ = load(rec.config.model_type and [k for k, v in TINY_MODELS.items() if v["model_type"] == rec.config.model_type][0], seed=2)
+    don2 = _donor([k for k, v in TINY_MODELS.items() if v["model_type"] == rec.config.model_type][0], 2)
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
     m1 = [torch.arange(n) % 2 == 0 for n in lens]
     m2 = [torch.arange(n) % 3 == 0 for n in lens]  # overlaps m1 at multiples of 6
     grafts = [(don, m1, list(range(4)), ["all"]), (don2, m2, [1, 3], ["attn", "ffn"])]
-    got = _engine(rec, tok, grafts).softmax(-1)
+    got = _engine(rec, tok, grafts)
     for i, p in enumerate(PROMPTS):
         ids = torch.tensor(tok(p)["input_ids"])
-        want = naive_last_logits(rec, [(d, m[i], l, c) for d, m, l, c in grafts], ids).softmax(-1)
-        assert (got[i] - want).abs().max() < 1e-5
+        _assert_same(got[i], naive_last_logits(rec, [(d, m[i], l, c) for d, m, l, c in grafts], ids))
 
 
 def test_graft_all_everywhere_is_donor_and_nothing_is_recipient(pair):
@@ -116,9 +149,8 @@ def test_tied_embeddings_graft_separately():
     mask = torch.ones(1, len(ids), dtype=torch.bool)
     for comp in ["embed", "lm_head"]:
         with graft(rec, don, mask, components=[comp]), torch.no_grad():
-            got = rec(input_ids=ids[None]).logits[0, -1].softmax(-1)
-        want = naive_last_logits(rec, [(don, mask[0], "all", [comp])], ids).softmax(-1)
-        assert (got - want).abs().max() < 1e-5
+            got = rec(input_ids=ids[None]).logits[0, -1]
+        _assert_same(got, naive_last_logits(rec, [(don, mask[0], "all", [comp])], ids), comp)
     with graft(rec, don, mask, components=["embed"]), torch.no_grad():
         only_embed = rec(input_ids=ids[None]).logits[0, -1]
     with graft(rec, don, mask, components=["embed", "lm_head"]), torch.no_grad():

@@ -4,83 +4,85 @@
 
 # %% ../nbs/06_plots.ipynb #d39fc11f
 from __future__ import annotations
-import json, re
+import inspect
 from fnmatch import fnmatch
 from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .runs import is_finished
+from .plans import GraftPlan, figure_plans, paper_plans
+from .runs import read_jsonl, run_integrity
 
 # %% auto #0
-__all__ = ['POSITION_ORDER', 'MOVIE_ORDER', 'COMPONENT_ORDER', 'LAYER_ORDER', 'DEPTH_GROUP_ORDER', 'QUARTER_ORDER', 'PLAN_LABELS',
-           'LAYER_LABELS', 'QUARTER_LABELS', 'METRIC_COLORS', 'POOLED', 'COMPONENT_REFS', 'VARIANT_LABELS',
-           'RESULT_COLUMNS', 'FIGURES', 'COMPONENT_TABLE_PLANS', 'parse_component_plan', 'component_label',
-           'plan_label', 'synthetic_results', 'metric_names', 'bootstrap_interval', 'accuracy_table', 'summary_table',
-           'markdown_table', 'run_keys', 'plan_bars', 'position_chart', 'movie_chart', 'generation_chart',
-           'component_chart', 'depth_heatmap', 'save_chart', 'load_runs', 'paper_tables', 'paper_figures',
-           'report_tables', 'synthetic_paper_results']
+__all__ = ['METRIC_COLORS', 'POOLED', 'COMPONENT_REFS', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info',
+           'figure_order', 'component_label', 'layer_label', 'plan_label', 'synthetic_results', 'metric_names',
+           'bootstrap_interval', 'accuracy_table', 'summary_table', 'markdown_table', 'run_keys', 'plan_bars',
+           'position_chart', 'movie_chart', 'generation_chart', 'component_chart', 'depth_heatmap', 'save_chart',
+           'load_runs', 'paper_tables', 'paper_figures', 'report_tables', 'synthetic_paper_results']
 
 # %% ../nbs/06_plots.ipynb #63f9410b
-POSITION_ORDER = ["PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)^C", "not_FE", "not_LT"]
-MOVIE_ORDER = ["M", "FE", "FE+M", "LT", "M+LT", "FE+LT", "FE+M+LT"]  # each plan next to its movie variant
-COMPONENT_ORDER = ["attn+ffn", "o+ffn", "ffn", "o", "attn", "q", "k", "v", "q+k", "v+o"]
-LAYER_ORDER = ["all", "last_half"]
-DEPTH_GROUP_ORDER = ["attn", "ffn", "attn+ffn"]
-QUARTER_ORDER = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
-PLAN_LABELS = {"not_FE": "not FE", "not_LT": "not LT", "(FE+LT)^C": "(FE+LT)ᶜ", "FE+LT:relation->task": "FE+LT (all)"}
-LAYER_LABELS = {"all": "all layers", "last_half": "last half of layers"}
-QUARTER_LABELS = {"first_quarter": "1st quarter", "second_quarter": "2nd quarter", "third_quarter": "3rd quarter",
-                  "fourth_quarter": "4th quarter"}
-_COMPONENT_PLAN = re.compile(r"^(?:(?P<hybrid>hybrid):)?(?P<position>FE\+LT|FE|LT):(?P<components>[a-z]+(?:\+[a-z]+)*)"
-                             r"@(?P<layers>[a-z_]+)$")
+_ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
 
-def parse_component_plan(name: str) -> dict | None:
-    "Position, component set, layer group and hybrid flag of a plan named `[hybrid:]POS:COMPS@LAYERS`; None otherwise."
-    m = _COMPONENT_PLAN.match(str(name))
-    if m is None: return None
-    return dict(position=m["position"], components=m["components"], layers=m["layers"], hybrid=bool(m["hybrid"]))
+def plan_info(plan: str) -> GraftPlan | None:
+    "The catalogue plan of that name (`dwg.plans.paper_plans()`), or None for a plan the catalogue does not know."
+    return paper_plans().get(plan)
+
+def figure_order(figure: str) -> list[str]:
+    "Names of the plans a figure draws, in its order."
+    return [p.name for p in figure_plans(figure)]
 
 def component_label(components: str) -> str:
     "A readable component set: `o+ffn` -> `O+FFN`."
     return "+".join({"attn": "attn", "ffn": "FFN"}.get(c, c.upper()) for c in components.split("+"))
 
+def layer_label(group: str) -> str:
+    "A readable layer group: `last_half` -> `last half of layers`, `first_quarter` -> `1st quarter`."
+    if group == "all": return "all layers"
+    first, _, part = group.partition("_")
+    if part == "quarter" and first in _ORDINAL_LABELS: return f"{_ORDINAL_LABELS[first]} quarter"
+    return f"{group.replace('_', ' ')} of layers"
+
 def plan_label(plan: str) -> str:
     "A readable plan name for axis labels."
-    return PLAN_LABELS.get(plan, plan)
+    info = plan_info(plan)
+    return info.display if info else plan
 
 # %% ../nbs/06_plots.ipynb #6a0d1dfb
 _SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,
                "M": .05, "FE+M": .4, "M+LT": .35, "FE+M+LT": .92, "TASK": .02, "RELATION": .93, "FE+LT:relation->task": .85}
+_SYNTH_COMPONENTS = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}
 
 def _synthetic_top1(plan: str) -> float:
     "The made-up top-1 accuracy of a plan in `synthetic_results`."
     if plan in _SYNTH_TOP1: return _SYNTH_TOP1[plan]
-    p = parse_component_plan(plan)
-    if p is None: return .1
-    if p["layers"] in QUARTER_ORDER:
-        q = QUARTER_ORDER.index(p["layers"])
-        by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p["position"], [.1] * 4)
-        return by_quarter[q] * (1.5 if "+" in p["components"] else 1)
-    base = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}.get(p["components"], .05)
-    return min(.95, base * (1.1 if p["layers"] == "last_half" else 1) + (.4 if p["hybrid"] else 0))
+    p = plan_info(plan)
+    if p is None or p.component_set is None: return .1
+    if "depth" in p.figures:
+        q = [g.layer_group for g in figure_plans("depth")].index(p.layer_group) % 4
+        by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p.position, [.1] * 4)
+        return by_quarter[q] * (1.5 if "+" in p.component_set else 1)
+    base = _SYNTH_COMPONENTS.get(p.component_set, .05)
+    return min(.95, base * (1.1 if p.layer_group == "last_half" else 1) + (.4 if p.variant == "hybrid" else 0))
 
 def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside", "costar"), model: str = "synthetic-model",
                       dataset: str = "synthetic-facts", experiment: str | None = None, p_scale: float = 1.0,
                       skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
     "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
     rng = np.random.default_rng(seed)
-    plans = list(plans or dict.fromkeys(POSITION_ORDER + MOVIE_ORDER))
+    plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
     rows = []
     for plan in plans:
         p1 = min(1.0, _synthetic_top1(plan) * p_scale)
-        exp = experiment or ("components" if plan in ("TASK", "RELATION", "FE+LT:relation->task") or
-                             (parse_component_plan(plan) or {}).get("layers") in LAYER_ORDER else "positions")
+        roles = set(plan_info(plan).roles) if plan_info(plan) else set()
+        exp = experiment or ("components" if roles and roles <= {"task", "relation"} else "positions")
         for f in range(n_facts):
             for t in templates:
                 row = dict(plan=plan, fact_id=f"f{f:04d}", template=t, model=model, dataset=dataset, experiment=exp,
                            skipped=bool(rng.random() < skip_rate), skip_reason=None)
-                if row["skipped"]: row["skip_reason"] = "span not found"; rows.append(row); continue
+                if row["skipped"]:
+                    row["skip_reason"] = "span not found"
+                    rows.append(row)
+                    continue
                 hit = rng.random() < p1
                 rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
                 row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(0, .2)))
@@ -292,14 +294,14 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
 def position_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                    title: str = "Position grafting: fine-tuned into pretrained", **kw):
     "Figure 1: top-1 and top-k accuracy of PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, not FE, not LT (bootstrap 95% CI)."
-    return plan_bars(df, POSITION_ORDER, ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
+    return plan_bars(df, figure_order("positions"), ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
                      n_boot=n_boot, seed=seed, what="position-grafting", **kw)
 
 # %% ../nbs/06_plots.ipynb #92b78be8
 def movie_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                 title: str = "Position grafting with the movie span (M)", **kw):
     "Figure 2: M, FE+M, M+LT, FE+M+LT next to FE, LT, FE+LT (top-1, top-k, bootstrap 95% CI; PRE/SFT rules)."
-    return plan_bars(df, MOVIE_ORDER, ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
+    return plan_bars(df, figure_order("movie_spans"), ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
                      n_boot=n_boot, seed=seed, what="movie-span", **kw)
 
 # %% ../nbs/06_plots.ipynb #62f3e8c7
@@ -310,20 +312,20 @@ def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1
     else: has = "exact_match" in df and df["exact_match"].notna().any()
     if not has: raise ValueError("No whole-name generation in the results (no exact_match values): run the position "
                                  "grafting with generate=True.")
-    return plan_bars(df, POSITION_ORDER, ("PRE", "SFT"), ["top-1", "exact match"], 1, templates, title,
+    return plan_bars(df, figure_order("generation"), ("PRE", "SFT"), ["top-1", "exact match"], 1, templates, title,
                      n_boot=n_boot, seed=seed, what="generation", **kw)
 
 # %% ../nbs/06_plots.ipynb #3ccede53
 COMPONENT_REFS = ("TASK", "RELATION", "FE+LT:relation->task")
-VARIANT_LABELS = {False: "relation → task at LT", True: "FE (all components) + LT"}
+VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components) + LT"}
 
 def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
     "Component plans at LT with parsed columns; reference rows copied into every panel."
-    info = acc.plan.map(parse_component_plan)
-    keep = info.map(lambda p: p is not None and p["position"] == "LT" and p["layers"] not in QUARTER_ORDER)
-    comp = acc[keep].assign(components=info[keep].map(lambda p: p["components"]),
-                            layers=info[keep].map(lambda p: LAYER_LABELS.get(p["layers"], p["layers"])),
-                            variant=info[keep].map(lambda p: VARIANT_LABELS[p["hybrid"]]))
+    info = acc.plan.map(plan_info)
+    keep = info.map(lambda p: p is not None and "components" in p.figures)
+    comp = acc[keep].assign(components=info[keep].map(lambda p: p.component_set),
+                            layers=info[keep].map(lambda p: layer_label(p.layer_group)),
+                            variant=info[keep].map(lambda p: VARIANT_LABELS.get(p.variant, p.variant)))
     comp = comp.assign(label=comp.components.map(component_label))
     ref = acc[acc.plan.isin(refs)].assign(label=lambda d: d.plan.map(plan_label))
     ref = pd.concat([ref.assign(variant=v) for v in comp.variant.unique()]) if len(comp) else ref.iloc[:0]
@@ -332,16 +334,15 @@ def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
 def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
                     refs=COMPONENT_REFS, title: str = "Component grafting at the last token: relation into task model"):
     "Figure 3: accuracy of grafting each component set at LT, all vs last-half layers, with TASK/RELATION rules."
-    plans = [p for p in (pd.unique(df.plan)) if (parse_component_plan(p) or {}).get("position") == "LT"
-             and parse_component_plan(p)["layers"] not in QUARTER_ORDER]
+    drawn = figure_plans("components")
+    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
     acc = _with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
     _need(acc, "component", ["LT:<components>@<layers>"])
     metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
     acc = _component_rows(acc[acc.metric.isin(metrics)], refs)
-    comps = [c for c in COMPONENT_ORDER if c in set(acc.components)] + sorted(set(acc.components.dropna()) - set(COMPONENT_ORDER))
+    comps = [c for c in dict.fromkeys(q.component_set for q in drawn) if c in set(acc.components)]
     labels = [component_label(c) for c in comps]
-    layers = [LAYER_LABELS.get(l, l) for l in LAYER_ORDER if LAYER_LABELS.get(l, l) in set(acc.layers)]
-    layers += sorted(set(acc.layers.dropna()) - set(layers))
+    layers = [l for l in dict.fromkeys(layer_label(q.layer_group) for q in drawn) if l in set(acc.layers)]
     ref_labels = [plan_label(r) for r in refs if r in set(acc.plan)]
     variants = [v for v in VARIANT_LABELS.values() if v in set(acc.variant)]
     acc = acc.assign(panel=acc.metric + (" · " + acc.template if templates == "facet" and acc.template.nunique() > 1 else ""))
@@ -374,11 +375,11 @@ def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boo
 # %% ../nbs/06_plots.ipynb #819ebd13
 def _depth_rows(acc: pd.DataFrame) -> pd.DataFrame:
     "Rows of `POS:GROUP@QUARTER` plans with parsed columns."
-    info = acc.plan.map(parse_component_plan)
-    keep = info.map(lambda p: p is not None and p["layers"] in QUARTER_ORDER and not p["hybrid"])
-    return acc[keep].assign(position=info[keep].map(lambda p: f"graft at {p['position']}"),
-                            group=info[keep].map(lambda p: component_label(p["components"])),
-                            quarter=info[keep].map(lambda p: QUARTER_LABELS[p["layers"]]))
+    info = acc.plan.map(plan_info)
+    keep = info.map(lambda p: p is not None and "depth" in p.figures)
+    return acc[keep].assign(position=info[keep].map(lambda p: f"graft at {p.position}"),
+                            group=info[keep].map(lambda p: component_label(p.component_set)),
+                            quarter=info[keep].map(lambda p: layer_label(p.layer_group)))
 
 def _ref_text(acc: pd.DataFrame, refs, metrics) -> str:
     "`PRE top-1 0.02, top-5 0.10 · SFT ...` for a subtitle."
@@ -392,15 +393,16 @@ def _ref_text(acc: pd.DataFrame, refs, metrics) -> str:
 def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
                   refs=("PRE", "SFT"), title: str = "Where in depth: one layer quarter × component group"):
     "Figure 4: heatmap of accuracy grafting each layer quarter (rows) x component group (columns) at FE and at LT."
-    plans = [p for p in pd.unique(df.plan) if (parse_component_plan(p) or {}).get("layers") in QUARTER_ORDER]
+    drawn = figure_plans("depth")
+    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
     acc = _with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
     _need(acc, "depth", ["FE:<group>@<quarter>", "LT:<group>@<quarter>"])
     metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
     acc = acc[acc.metric.isin(metrics)]
     heat = _depth_rows(acc)
-    groups = [component_label(g) for g in DEPTH_GROUP_ORDER if component_label(g) in set(heat.group)]
-    groups += sorted(set(heat.group) - set(groups))
-    quarters = [QUARTER_LABELS[q] for q in QUARTER_ORDER]
+    groups = [g for g in dict.fromkeys(component_label(q.component_set) for q in drawn) if g in set(heat.group)]
+    quarters = list(dict.fromkeys(layer_label(q.layer_group) for q in drawn))
+    positions = [p for p in dict.fromkeys(f"graft at {q.position}" for q in drawn) if p in set(heat.position)]
     heat = heat.assign(panel=heat.metric + (" · " + heat.template if templates == "facet" and heat.template.nunique() > 1 else ""))
     panels = [p for m in metrics for p in sorted(heat.panel.unique()) if p.startswith(m)]
     param = _template_param(heat) if templates == "select" else None
@@ -417,7 +419,7 @@ def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
         chart = alt.layer(rect, text, data=a).properties(width=60 * len(groups), height=4 * 34)
         row = alt.Row("panel:N", sort=panels, title=None, header=alt.Header(labelFontWeight="bold")) if len(panels) > 1 else alt.Undefined
         head = _ref_text(acc[acc.run == run], refs, metrics) if acc.run.nunique() > 1 else ""
-        return chart.facet(column=alt.Column("position:N", sort=["graft at FE", "graft at LT"], title=None,
+        return chart.facet(column=alt.Column("position:N", sort=positions, title=None,
                                              header=alt.Header(labelFontWeight="bold", labelFontSize=13)),
                            row=row, title=alt.Title(run, subtitle=head) if head else "")
     refs_of = lambda a: "references: " + (_ref_text(acc[acc.run.isin(a.run)], refs, metrics) or "none")
@@ -445,15 +447,19 @@ RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "skipped", "ski
                   "dataset", "experiment", "run_id"]
 
 def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
-    "Rows of finished runs (`**/results.jsonl` next to `run.json`) under `runs_dir`, optionally only run ids matching `include`."
+    "Rows of finished runs (`**/results.jsonl` next to `run.json`) under `runs_dir`; `include`: run id patterns."
     root = Path(runs_dir)
     files = sorted(root.glob("**/results.jsonl")) if root.is_dir() else []
     rid = lambda f: str(f.parent.relative_to(root)) if f.parent != root else root.name
     if include: files = [f for f in files if any(fnmatch(rid(f), pat) for pat in ([include] if isinstance(include, str) else include))]
-    done = [f for f in files if is_finished(f.parent)]
+    state = {f: run_integrity(f.parent) for f in files}
+    if corrupt := [str(f.parent) for f, s in state.items() if s == "corrupt"]:
+        raise ValueError(f"Run(s) {', '.join(corrupt)} finished, but their outputs no longer match their run.json "
+                         "(truncated or edited since): rerun them (`./run_all.sh` redoes corrupt runs).")
+    done = [f for f in files if state[f] == "ok"]
     frames = []
     for f in done:
-        d = pd.DataFrame([json.loads(l) for l in f.read_text().splitlines() if l.strip()]).reindex(columns=list(columns))
+        d = pd.DataFrame(read_jsonl(f)).reindex(columns=list(columns))
         d["run_id"] = d["run_id"].where(d["run_id"].notna(), rid(f))
         frames.append(d)
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(columns))
@@ -463,8 +469,6 @@ def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
 # %% ../nbs/06_plots.ipynb #12b03db3
 FIGURES = {"positions": position_chart, "movie_spans": movie_chart, "components": component_chart,
            "depth": depth_heatmap, "generation": generation_chart}
-COMPONENT_TABLE_PLANS = [*COMPONENT_REFS[:2], *(f"{h}LT:{c}@{l}" for h in ("", "hybrid:") for c in COMPONENT_ORDER
-                                                for l in LAYER_ORDER), COMPONENT_REFS[2]]
 
 def paper_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
     "Accuracy tables: `per_prompt` (by run keys, plan, template) and `pooled` (prompts pooled); run keys: `run_keys`."
@@ -476,7 +480,6 @@ def paper_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0
 def paper_figures(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                   title_prefix: str = "", tables: dict | None = None, verbose: bool = True) -> dict:
     "Every figure the results table has data for, by name; figures without data are left out (and said so)."
-    import inspect
     tables = tables or paper_tables(df, k, n_boot, seed)
     jobs = [(name, fn, templates if fn in (position_chart, movie_chart, generation_chart) else "pool")
             for name, fn in FIGURES.items()]
@@ -498,10 +501,9 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
     acc = df if "accuracy" in df else paper_tables(df, k, n_boot, seed)["pooled"]
     if "template" in acc and acc.template.nunique() > 1:
         raise ValueError("report_tables wants prompts pooled: pass raw results or paper_tables(...)['pooled'].")
-    comp = COMPONENT_TABLE_PLANS + sorted(p for p in set(acc.plan) - set(COMPONENT_TABLE_PLANS)
-                                          if (parse_component_plan(p) or {}).get("layers") in LAYER_ORDER)
+    comp = [*COMPONENT_REFS[:2], *figure_order("components"), COMPONENT_REFS[2]]
     out = {}
-    for name, plans in [("positions", POSITION_ORDER), ("components", comp)]:
+    for name, plans in [("positions", figure_order("positions")), ("components", comp)]:
         a = acc[acc.plan.isin(plans)]
         if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
@@ -509,9 +511,10 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
 def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "costar"), seed: int = 0,
                             model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    depth = [f"{pos}:{g}@{q}" for pos in ("FE", "LT") for g in DEPTH_GROUP_ORDER for q in QUARTER_ORDER]
-    pos = synthetic_results(list(dict.fromkeys(POSITION_ORDER + MOVIE_ORDER)) + depth, n_facts, templates, model,
+    depth = figure_order("depth")
+    pos = synthetic_results(list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + depth,
+                            n_facts, templates, model,
                             dataset, "positions", skip_rate=0.02, seed=seed)
-    comp = synthetic_results(COMPONENT_TABLE_PLANS, n_facts, templates, model, dataset, "components", generate=False,
+    comp = synthetic_results([*COMPONENT_REFS, *figure_order("components")], n_facts, templates, model, dataset, "components", generate=False,
                              seed=seed + 1)
     return pd.concat([pos, comp], ignore_index=True)

@@ -1,9 +1,10 @@
-"""dwg.sweep: expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
+"""The sweeps (dwg.sweep, dwg.runner, dwg.local, dwg.cli): expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
 interruptions), and the smoke profile with the real experiment notebooks."""
 import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, yaml
 from dwg import sweep as sw
+from dwg import runner
 from _sweep_helpers import (REPO, STANDIN_SWEEP, standin_setup, sweep_cli, states, run_key, marker_snapshot,
                             real_notebooks_missing, results_table)
 
@@ -227,7 +228,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
     nbs, sweep = standin_setup(tmp_path, graft_components=False)
     rd = tmp_path / "runs"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "1.0"}; env.pop("IN_TEST", None)
-    proc = subprocess.Popen([sys.executable, "-m", "dwg.sweep", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
+    proc = subprocess.Popen([sys.executable, "-m", "dwg.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
                              "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -237,10 +238,10 @@ def test_interrupted_sweep_resumes(tmp_path, how):
             part = [p for p in models.glob("*.tmp/model.tmp/checkpoint-0")] if models.is_dir() else []
             return done and part and (part[0].parent.parent / sw.PROGRESS).exists() and part[0]
         ck0 = _wait_for(mid_training)
-        st_mid = sw.status(rd)   # the running training, with the last progress line its notebook wrote
+        st_mid = runner.status(rd)   # the running training, with the last progress line its notebook wrote
         running = [i for i in st_mid["models"] if i["state"] == "running"]
         assert len(running) == 1 and running[0]["progress"] in ("train step 1/3", "train step 2/3"), running
-        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in sw.format_status(st_mid)
+        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in runner.format_status(st_mid)
     finally:
         if how == "SIGKILL": proc.kill()
         else: os.killpg(proc.pid, signal.SIGINT)

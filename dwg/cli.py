@@ -8,7 +8,7 @@ import argparse, json, os, signal, sys, time
 from pathlib import Path
 from .sweep import (SLURM_KEYS, SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
                        sweep_name, sweep_profiles, sweeps_under)
-from .runner import RunBusy, format_status, interrupt_on_sigterm, run_from_graph, runs_to_redo, set_aside
+from .runner import RunBusy, format_status, interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_redo
 from .local import fmt_seconds, run_local, stage_summary
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
@@ -74,7 +74,7 @@ def _which(args) -> str:
 
 # %% ../nbs/05d_cli.ipynb #da914d8d
 def _prepare(args) -> tuple[dict, dict]:
-    "The checked graph of `run` and {key: state} of its runs, after corrupt runs and their dependants were set aside."
+    "The checked graph of `run` and {key: state} of its runs, corrupt runs and their dependants removed."
     sweep = load_sweep(_which(args))
     graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
     rd = Path(graph["runs_dir"])
@@ -82,10 +82,13 @@ def _prepare(args) -> tuple[dict, dict]:
     redo = runs_to_redo(graph, states)
     done = sum(s == "done" for s in states.values()) - sum(states[r.key] == "done" for r in redo)
     print(f"dwg.sweep: {sweep['name']} ({sweep['source']}): {len(states)} runs, {done} already done -> {rd}")
+    for r in redo:
+        why = "" if states[r.key] == "corrupt" else ", but it read a corrupt run"
+        print(f"dwg.sweep: {r.key} ({r.label}) is {states[r.key]}{why}: "
+              + ("it would be redone" if args.dry_run else "redoing it"))
     if redo and not args.dry_run:
-        for r, aside in zip(redo, set_aside(rd, redo, states)):
-            print(f"dwg.sweep: {r.key} ({r.label}) is {states[r.key]}: redoing it; its old directory is {aside}")
-            states[r.key] = "pending"
+        remove_runs(rd, redo)
+        states.update({r.key: "pending" for r in redo})
     return graph, states
 
 def _run_slurm(args, graph: dict) -> int:

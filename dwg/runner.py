@@ -11,7 +11,7 @@ from .sweep import (STAGES, Run, Stage, SweepError, graph_runs, is_done, read_gr
                        run_state)
 
 # %% auto #0
-__all__ = ['RunBusy', 'run_lock', 'interrupt_on_sigterm', 'run_one', 'run_from_graph', 'runs_to_redo', 'set_aside',
+__all__ = ['RunBusy', 'run_lock', 'interrupt_on_sigterm', 'run_one', 'run_from_graph', 'runs_to_redo', 'remove_runs',
            'progress_line', 'status', 'format_status', 'running_text', 'ProgressNote']
 
 # %% ../nbs/05a_runner.ipynb #812525b1
@@ -149,16 +149,14 @@ def runs_to_redo(graph: dict, states: dict) -> list[Run]:
             redo.add(r.key)
     return [r for r in graph_runs(graph) if r.key in redo]
 
-def set_aside(runs_dir, runs: list[Run], states: dict) -> list[Path]:
-    "Move the final directories of `runs` aside (corrupt: `.corrupt-<time>`, their dependants: `.stale-<time>`)."
-    moved, stamp = [], time.strftime("%Y%m%d-%H%M%S")
+def remove_runs(runs_dir, runs: list[Run]) -> None:
+    "Remove the final directories of `runs` (under each run's lock), so that they run again."
     for r in runs:
         p = run_paths(runs_dir, r)
         with run_lock(p["lock"]):
-            aside = p["final"].with_name(f"{r.id}.{'corrupt' if states[r.key] == 'corrupt' else 'stale'}-{stamp}")
-            os.replace(p["final"], aside)
-        moved.append(aside)
-    return moved
+            gone = p["final"].with_name(f".{r.id}.removed-{os.getpid()}")
+            os.replace(p["final"], gone)   # the run is no longer done at once; then its files go
+            shutil.rmtree(gone)
 
 # %% ../nbs/05a_runner.ipynb #4ecff3fe
 def progress_line(runs_dir, run) -> str | None:

@@ -28,11 +28,11 @@ def standin_setup(tmp_path, **changes):
     return nbs, sweep
 
 
-def sweep_cli(*args, env=None, timeout=600, **kw):
-    "Run `python -m dwg.cli ARGS` in the repo; the CompletedProcess (text)."
+def sweep_cli(*args, env=None, timeout=600, cwd=REPO, **kw):
+    "Run `python -m dwg.cli ARGS` (in the repo unless `cwd`); the CompletedProcess (text)."
     e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     e.pop("IN_TEST", None)
-    return subprocess.run([sys.executable, "-m", "dwg.cli", *map(str, args)], cwd=REPO, env=e, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dwg.cli", *map(str, args)], cwd=cwd, env=e, capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 

@@ -11,8 +11,8 @@ Usage: ./run_all.sh [COMMAND] [OPTIONS]
 
 Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
-  status         done / running / failed / pending runs per stage of a runs directory (--runs DIR or --profile NAME),
-                 with the executed notebook of each failed run
+  status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
+                 --runs DIR or --profile NAME), with the executed notebook of each failed run
   test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
                  prepare the embedded model under $DWG_HOME (default ~/.cache/dwg)
@@ -32,7 +32,7 @@ Options of `run` (the command may be left out: `./run_all.sh --profile smoke` ru
   --notebooks DIR  experiment notebooks to run (default nbs/experiments)
   --no-progress    no progress bar or progress lines
   --log-every S    without a terminal (logs), print the running runs' progress at most every S seconds (default 60)
-  `./run_all.sh run --help` prints the sweep's own help (python -m dwg.sweep run --help).
+  `./run_all.sh run --help` prints the sweep's own help (python -m dwg.cli run --help).
 Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.bench (see its --help).
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
@@ -80,12 +80,12 @@ case "$cmd" in
   bench) setup; HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.bench "$@" ;;
   status)
     setup >/dev/null
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep status "$@"
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.cli status "$@"
     ;;
   run|-*)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.sweep run "$@"
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.cli run "$@"
     ;;
   *) echo "run_all.sh: unknown command '$cmd'"; usage; exit 2 ;;
 esac

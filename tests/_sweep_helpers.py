@@ -2,7 +2,9 @@
 import json, os, subprocess, sys
 from pathlib import Path
 import yaml
-from dwg.sweep import standin_notebooks, read_graph, graph_runs, run_paths, default_notebooks_dir, STAGES
+from dwg.runs import read_jsonl
+from dwg.sweep import read_graph, graph_runs, run_paths, default_notebooks_dir, STAGES
+from dwg.testing import standin_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,11 +28,11 @@ def standin_setup(tmp_path, **changes):
     return nbs, sweep
 
 
-def sweep_cli(*args, env=None, timeout=600, **kw):
-    "Run `python -m dwg.sweep ARGS` in the repo; the CompletedProcess (text)."
+def sweep_cli(*args, env=None, timeout=600, cwd=REPO, **kw):
+    "Run `python -m dwg.cli ARGS` (in the repo unless `cwd`); the CompletedProcess (text)."
     e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     e.pop("IN_TEST", None)
-    return subprocess.run([sys.executable, "-m", "dwg.sweep", *map(str, args)], cwd=REPO, env=e, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dwg.cli", *map(str, args)], cwd=cwd, env=e, capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 
@@ -66,8 +68,7 @@ def results_table(runs_dir):
     out = {}
     for r in graph_runs(read_graph(runs_dir)):
         if not r.stage.startswith("graft_"): continue
-        for line in (run_paths(runs_dir, r)["out"] / "results.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in read_jsonl(run_paths(runs_dir, r)["out"] / "results.jsonl"):
             if row.get("skipped"): continue
             out[(r.stage, row["plan"], row["fact_id"], row.get("template"))] = (row["rank"], row["prob"])
     return out

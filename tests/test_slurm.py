@@ -1,4 +1,4 @@
-"""The Slurm backend of dwg.sweep on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
+"""The Slurm backend (dwg.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
 submitted with --slurm gives the same results as a local run, and a failing run is reported failed while the rest
 complete and its dependants are cancelled. Skipped where there is no `sbatch`."""
 import json, os, re, shutil, subprocess, time

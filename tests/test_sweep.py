@@ -1,9 +1,12 @@
-"""dwg.sweep: expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
+"""The sweeps (dwg.sweep, dwg.runner, dwg.local, dwg.cli): expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
 interruptions), and the smoke profile with the real experiment notebooks."""
 import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, yaml
 from dwg import sweep as sw
+from dwg import runner
+from dwg.runs import read_jsonl
+from dwg.testing import standin_notebooks
 from _sweep_helpers import (REPO, STANDIN_SWEEP, standin_setup, sweep_cli, states, run_key, marker_snapshot,
                             real_notebooks_missing, results_table)
 
@@ -160,6 +163,72 @@ def test_slurm_without_sbatch(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def _fake_slurm(tmp_path, refuse: str) -> dict:
+    """A PATH with an `sbatch` that accepts a job script (job ids 100, 101, ...) unless it contains `refuse`, then fails
+    like Slurm does; and an `scancel` that records its arguments."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    (bindir / "sbatch").write_text(f"""#!/bin/sh
+script="$2"
+if grep -q -- '{refuse}' "$script"; then
+  echo "sbatch: error: invalid partition specified: nosuchpart" >&2
+  echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2
+  exit 1
+fi
+n=$(cat "$0.n" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$0.n"
+echo 10$n
+""")
+    (bindir / "scancel").write_text('#!/bin/sh\necho "$@" >> "$0.args"\n')
+    for f in ("sbatch", "scancel"): (bindir / f).chmod(0o755)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("where", ["cli", "one stage"])
+def test_sbatch_refusal_is_one_error_line(tmp_path, where):
+    """sbatch refusing a job array (`--partition nosuchpart`, or one stage's partition in the sweep file): one error
+    line, exit 2, no traceback; arrays already submitted are cancelled; no sweep.json and no submission left."""
+    if where == "cli":
+        nbs, sweep = standin_setup(tmp_path)
+        extra = ["--partition", "nosuchpart"]
+    else:
+        nbs, sweep = standin_setup(tmp_path, slurm=dict(STANDIN_SWEEP["slurm"],
+                                                        stages=dict(graft_positions=dict(partition="nosuchpart"))))
+        extra = []
+    env = _fake_slurm(tmp_path, "--partition=nosuchpart")
+    rd = tmp_path / "runs"
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--slurm", *extra, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "sbatch refused the" in r.stderr and "invalid partition specified: nosuchpart" in r.stderr, r.stderr
+    assert not rd.exists(), list(rd.rglob("*"))
+    cancelled = (tmp_path / "fakebin" / "scancel.args")
+    if where == "cli": assert not cancelled.exists()       # the first array was refused: nothing to cancel
+    else: assert cancelled.read_text().split() == ["100", "101"]   # datasets and models were accepted
+
+
+def test_status_shows_every_sweep_under_runs(tmp_path):
+    "`status` without --runs/--profile: every runs directory under ./runs; with --runs only that one."
+    nbs, sweep = standin_setup(tmp_path)
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump({**STANDIN_SWEEP, "name": "small", "graft_components": False, "figures": False}))
+    for s, d in ((sweep, "runs/standin"), (small, "runs/other/small")):   # --slurm --dry-run: saves the graph only
+        r = sweep_cli("run", "--sweep", s, "--runs", d, "--notebooks", nbs, "--slurm", "--dry-run", cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+    r = sweep_cli("status", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"{tmp_path}/runs/other/small\n" in r.stdout and f"{tmp_path}/runs/standin\n" in r.stdout, r.stdout
+    assert r.stdout.count("graft_positions") == 2 and r.stdout.count("graft_components") == 1
+    st = json.loads(sweep_cli("status", "--json", cwd=tmp_path).stdout)
+    assert sorted(st) == [str(tmp_path / "runs/other/small"), str(tmp_path / "runs/standin")]
+    one = sweep_cli("status", "--runs", "runs/standin", cwd=tmp_path).stdout
+    assert "small" not in one and "graft_components" in one
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = sweep_cli("status", cwd=empty)
+    assert r.returncode == 2 and "No sweep under" in r.stderr and "Traceback" not in r.stderr
+
+
 # --- local runs with stand-in notebooks ---------------------------------------------------------------------------
 def test_local_run_then_rerun_skips(tmp_path):
     """A local sweep finishes every run (executed notebooks kept), its log telling the running runs' progress; a rerun
@@ -212,6 +281,33 @@ def test_failed_run_is_reported_blocks_dependants_and_is_retried(tmp_path):
     assert {k: v for k, v in after.items() if k in snap} == snap and len(after) == len(snap) + 2
 
 
+def test_corrupt_run_is_redone_with_its_dependants(tmp_path):
+    """The smoke graph on stand-ins; one grafting run's results.jsonl is truncated afterwards: status says corrupt
+    (naming the file), and a rerun redoes that run and the figures that read it, nothing else."""
+    nbs = standin_notebooks(tmp_path / "nbs")
+    rd = tmp_path / "runs"
+    r = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--notebooks", nbs, "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = run_key(rd, "graft_positions", "tiny-llama:fake4")
+    fig = run_key(rd, "figures", "smoke")
+    results = rd / bad / "results.jsonl"
+    results.write_text(results.read_text()[:50])
+    st = states(rd)
+    assert st[bad]["state"] == "corrupt" and str(results) in st[bad]["error"], st[bad]
+    assert {k for k, i in st.items() if i["state"] == "done"} == set(st) - {bad}
+    assert f"CORRUPT {bad}" in sweep_cli("status", "--runs", rd).stdout
+    snap = marker_snapshot(rd)
+    again = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--notebooks", nbs, "--no-progress")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{bad} (tiny-llama:fake4) is corrupt: redoing it" in again.stdout, again.stdout
+    assert f"{fig} (smoke) is done, but it read a corrupt run: redoing it" in again.stdout, again.stdout
+    assert {i["state"] for i in states(rd).values()} == {"done"}
+    after = marker_snapshot(rd)
+    redone = {k for k in snap if after.get(k) != snap[k]}
+    assert redone == {str(rd / bad / "run.json"), str(rd / fig / "run.json")}, redone
+    assert read_jsonl(results) and sw.run_state(rd, dict(stage="graft_positions", id=bad.split("/")[1])) == "done"
+
+
 def _wait_for(cond, timeout=120, every=0.05):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -227,7 +323,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
     nbs, sweep = standin_setup(tmp_path, graft_components=False)
     rd = tmp_path / "runs"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "1.0"}; env.pop("IN_TEST", None)
-    proc = subprocess.Popen([sys.executable, "-m", "dwg.sweep", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
+    proc = subprocess.Popen([sys.executable, "-m", "dwg.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
                              "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -237,10 +333,10 @@ def test_interrupted_sweep_resumes(tmp_path, how):
             part = [p for p in models.glob("*.tmp/model.tmp/checkpoint-0")] if models.is_dir() else []
             return done and part and (part[0].parent.parent / sw.PROGRESS).exists() and part[0]
         ck0 = _wait_for(mid_training)
-        st_mid = sw.status(rd)   # the running training, with the last progress line its notebook wrote
+        st_mid = runner.status(rd)   # the running training, with the last progress line its notebook wrote
         running = [i for i in st_mid["models"] if i["state"] == "running"]
         assert len(running) == 1 and running[0]["progress"] in ("train step 1/3", "train step 2/3"), running
-        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in sw.format_status(st_mid)
+        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in runner.format_status(st_mid)
     finally:
         if how == "SIGKILL": proc.kill()
         else: os.killpg(proc.pid, signal.SIGINT)

@@ -15,10 +15,10 @@ from .runs import read_jsonl, run_integrity
 
 # %% auto #0
 __all__ = ['METRIC_COLORS', 'POOLED', 'COMPONENT_REFS', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info',
-           'figure_order', 'component_label', 'layer_label', 'plan_label', 'synthetic_results', 'metric_names',
-           'bootstrap_interval', 'accuracy_table', 'summary_table', 'markdown_table', 'run_keys', 'plan_bars',
-           'position_chart', 'movie_chart', 'generation_chart', 'component_chart', 'depth_heatmap', 'save_chart',
-           'load_runs', 'paper_tables', 'paper_figures', 'report_tables', 'synthetic_paper_results']
+           'figure_order', 'component_label', 'layer_label', 'plan_label', 'metric_names', 'bootstrap_interval',
+           'accuracy_table', 'summary_table', 'markdown_table', 'run_keys', 'plan_bars', 'position_chart',
+           'movie_chart', 'generation_chart', 'component_chart', 'depth_heatmap', 'save_chart', 'load_runs',
+           'paper_tables', 'paper_figures', 'report_tables']
 
 # %% ../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
@@ -46,49 +46,6 @@ def plan_label(plan: str) -> str:
     "A readable plan name for axis labels."
     info = plan_info(plan)
     return info.display if info else plan
-
-# %% ../nbs/06_plots.ipynb #6a0d1dfb
-_SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,
-               "M": .05, "FE+M": .4, "M+LT": .35, "FE+M+LT": .92, "TASK": .02, "RELATION": .93, "FE+LT:relation->task": .85}
-_SYNTH_COMPONENTS = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}
-
-def _synthetic_top1(plan: str) -> float:
-    "The made-up top-1 accuracy of a plan in `synthetic_results`."
-    if plan in _SYNTH_TOP1: return _SYNTH_TOP1[plan]
-    p = plan_info(plan)
-    if p is None or p.component_set is None: return .1
-    if "depth" in p.figures:
-        q = [g.layer_group for g in figure_plans("depth")].index(p.layer_group) % 4
-        by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p.position, [.1] * 4)
-        return by_quarter[q] * (1.5 if "+" in p.component_set else 1)
-    base = _SYNTH_COMPONENTS.get(p.component_set, .05)
-    return min(.95, base * (1.1 if p.layer_group == "last_half" else 1) + (.4 if p.variant == "hybrid" else 0))
-
-def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside", "costar"), model: str = "synthetic-model",
-                      dataset: str = "synthetic-facts", experiment: str | None = None, p_scale: float = 1.0,
-                      skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
-    "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
-    rng = np.random.default_rng(seed)
-    plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
-    rows = []
-    for plan in plans:
-        p1 = min(1.0, _synthetic_top1(plan) * p_scale)
-        roles = set(plan_info(plan).roles) if plan_info(plan) else set()
-        exp = experiment or ("components" if roles and roles <= {"task", "relation"} else "positions")
-        for f in range(n_facts):
-            for t in templates:
-                row = dict(plan=plan, fact_id=f"f{f:04d}", template=t, model=model, dataset=dataset, experiment=exp,
-                           skipped=bool(rng.random() < skip_rate), skip_reason=None)
-                if row["skipped"]:
-                    row["skip_reason"] = "span not found"
-                    rows.append(row)
-                    continue
-                hit = rng.random() < p1
-                rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
-                row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(0, .2)))
-                if generate: row["exact_match"] = bool(hit and rng.random() < .85)
-                rows.append(row)
-    return pd.DataFrame(rows)
 
 # %% ../nbs/06_plots.ipynb #602ce272
 def metric_names(k=5, exact_match: bool = True) -> list[str]:
@@ -507,14 +464,3 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
         a = acc[acc.plan.isin(plans)]
         if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
-
-def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "costar"), seed: int = 0,
-                            model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
-    "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    depth = figure_order("depth")
-    pos = synthetic_results(list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + depth,
-                            n_facts, templates, model,
-                            dataset, "positions", skip_rate=0.02, seed=seed)
-    comp = synthetic_results([*COMPONENT_REFS, *figure_order("components")], n_facts, templates, model, dataset, "components", generate=False,
-                             seed=seed + 1)
-    return pd.concat([pos, comp], ignore_index=True)

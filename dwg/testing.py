@@ -6,9 +6,12 @@
 from __future__ import annotations
 import json
 from pathlib import Path
+import numpy as np
+import pandas as pd
+from .plans import figure_plans, paper_plans, plan_groups
 
 # %% auto #0
-__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks']
+__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
 
 # %% ../nbs/09_testing.ipynb #0d6b44d0
 STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -126,3 +129,65 @@ def standin_notebooks(dest) -> Path:
     for name in STANDIN_PARAMETERS:
         (dest / f"{name}.ipynb").write_text(json.dumps(standin_notebook(name), indent=1))
     return dest
+
+# %% ../nbs/09_testing.ipynb #663d512e
+def _figure_order(figure: str) -> list[str]:
+    "Names of the plans a figure draws, in its order."
+    return [p.name for p in figure_plans(figure)]
+
+def _component_references() -> list[str]:
+    "The component group's plans that figure 3 draws as reference lines (TASK, RELATION, FE+LT)."
+    return [n for n in plan_groups()["components"] if "components" not in paper_plans()[n].figures]
+
+_SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,
+               "M": .05, "FE+M": .4, "M+LT": .35, "FE+M+LT": .92, "TASK": .02, "RELATION": .93, "FE+LT:relation->task": .85}
+_SYNTH_COMPONENTS = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}
+
+def _synthetic_top1(plan: str) -> float:
+    "The made-up top-1 accuracy of a plan in `synthetic_results`."
+    if plan in _SYNTH_TOP1: return _SYNTH_TOP1[plan]
+    p = paper_plans().get(plan)
+    if p is None or p.component_set is None: return .1
+    if "depth" in p.figures:
+        q = [g.layer_group for g in figure_plans("depth")].index(p.layer_group) % 4
+        by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p.position, [.1] * 4)
+        return by_quarter[q] * (1.5 if "+" in p.component_set else 1)
+    base = _SYNTH_COMPONENTS.get(p.component_set, .05)
+    return min(.95, base * (1.1 if p.layer_group == "last_half" else 1) + (.4 if p.variant == "hybrid" else 0))
+
+def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside", "costar"), model: str = "synthetic-model",
+                      dataset: str = "synthetic-facts", experiment: str | None = None, p_scale: float = 1.0,
+                      skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
+    "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
+    rng = np.random.default_rng(seed)
+    plans = list(plans or dict.fromkeys(_figure_order("positions") + _figure_order("movie_spans")))
+    rows = []
+    for plan in plans:
+        p1 = min(1.0, _synthetic_top1(plan) * p_scale)
+        roles = set(paper_plans().get(plan).roles) if paper_plans().get(plan) else set()
+        exp = experiment or ("components" if roles and roles <= {"task", "relation"} else "positions")
+        for f in range(n_facts):
+            for t in templates:
+                row = dict(plan=plan, fact_id=f"f{f:04d}", template=t, model=model, dataset=dataset, experiment=exp,
+                           skipped=bool(rng.random() < skip_rate), skip_reason=None)
+                if row["skipped"]:
+                    row["skip_reason"] = "span not found"
+                    rows.append(row)
+                    continue
+                hit = rng.random() < p1
+                rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
+                row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(0, .2)))
+                if generate: row["exact_match"] = bool(hit and rng.random() < .85)
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "costar"), seed: int = 0,
+                            model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
+    "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
+    depth = _figure_order("depth")
+    positions = list(dict.fromkeys(_figure_order("positions") + _figure_order("movie_spans"))) + depth
+    pos = synthetic_results(positions, n_facts, templates, model, dataset, "positions", skip_rate=0.02, seed=seed)
+    components = [*_component_references(), *_figure_order("components")]
+    comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,
+                             seed=seed + 1)
+    return pd.concat([pos, comp], ignore_index=True)

@@ -5,7 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dwg import plots
+from unittest.mock import patch
+from dwg import plots, sweep, testing
+from dwg.plans import FAMILIES, QUARTERS, GraftPlan, Rule
 
 NB = Path(__file__).resolve().parents[1] / "nbs" / "experiments" / "figures.ipynb"
 
@@ -13,7 +15,7 @@ NB = Path(__file__).resolve().parents[1] / "nbs" / "experiments" / "figures.ipyn
 @pytest.fixture(scope="module")
 def results():
     "A synthetic results table with rows for every figure, two prompts, 12 facts."
-    return plots.synthetic_paper_results(n_facts=12, seed=0)
+    return testing.synthetic_paper_results(n_facts=12, seed=0)
 
 
 def _layers(spec):
@@ -32,7 +34,7 @@ def test_accuracy_table_bootstrap(results):
     assert not np.allclose(acc.lo, plots.accuracy_table(results, k=5, n_boot=200, seed=7).lo)
 
     def width(n):
-        a = plots.accuracy_table(plots.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
+        a = plots.accuracy_table(testing.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
         r = a[a.metric == "top-1"].iloc[0]
         return r.hi - r.lo
     assert width(200) < width(20) / 2
@@ -54,7 +56,7 @@ def test_position_chart_spec(results):
     layers = _layers(d)
     assert [_mark(l) for l in layers] == ["bar", "rule", "rule"]
     enc = layers[0]["encoding"]
-    assert enc["x"]["sort"] == [plots.plan_label(p) for p in plots.POSITION_ORDER]
+    assert enc["x"]["sort"] == ["PRE", "SFT", "FE", "LT", "FE+LT", "(FE+LT)ᶜ", "not FE", "not LT"]
     assert (enc["xOffset"]["field"], enc["color"]["field"]) == ("metric", "metric")
     assert enc["color"]["scale"]["domain"] == ["top-1", "top-5"]
     assert (layers[1]["encoding"]["y"]["field"], layers[1]["encoding"]["y2"]["field"]) == ("lo", "hi")
@@ -64,7 +66,7 @@ def test_position_chart_spec(results):
 def test_other_chart_specs(results):
     "Figures 2-5: the right plans, marks, encodings and facets."
     d2 = plots.movie_chart(results, templates="pool", n_boot=50).to_dict()
-    assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == plots.MOVIE_ORDER
+    assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == ["FE", "LT", "FE+LT", "M", "FE+M", "M+LT", "FE+M+LT"]
     d3 = plots.component_chart(results, n_boot=50).to_dict()
     assert d3["facet"]["row"]["field"] == "panel" and d3["facet"]["column"]["field"] == "variant"
     assert _layers(d3)[0]["encoding"]["xOffset"]["field"] == "layers"
@@ -72,7 +74,7 @@ def test_other_chart_specs(results):
     d4 = plots.depth_heatmap(results, n_boot=50).to_dict()
     assert [_mark(l) for l in _layers(d4)] == ["rect", "text"]
     assert d4["facet"]["column"]["field"] == "position"
-    assert _layers(d4)[0]["encoding"]["y"]["sort"] == list(plots.QUARTER_LABELS.values())
+    assert _layers(d4)[0]["encoding"]["y"]["sort"] == ["1st quarter", "2nd quarter", "3rd quarter", "4th quarter"]
     d5 = plots.generation_chart(results, n_boot=50).to_dict()
     assert _layers(d5)[0]["encoding"]["color"]["scale"]["domain"] == ["top-1", "exact match"]
     sel = plots.position_chart(results, templates="select", n_boot=20).to_dict()
@@ -131,3 +133,24 @@ def test_figures_notebook_no_results(tmp_path):
         pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
                             parameters=dict(runs_dir=str(tmp_path), out_dir=str(tmp_path / "f"), synthetic="never"),
                             progress_bar=False)
+
+
+def _movie_depth_family():
+    "A new plan family: the fine-tuned FFNs at the movie title, one layer quarter at a time."
+    return [GraftPlan(f"M:ffn@{q}", "pretrained", [Rule("finetuned", ["movie_title"], q, ["ffn"])],
+                      figures=("depth",), position="M", component_set="ffn", layer_group=q) for q in QUARTERS]
+
+
+def test_a_new_plan_family_is_one_edit():
+    """Adding a family to dwg.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable by the
+    position stage, and a column of the depth figure; nothing in dwg.sweep or dwg.plots changes."""
+    with patch.dict(FAMILIES, movie_depth=_movie_depth_family):
+        names = [f"M:ffn@{q}" for q in QUARTERS]
+        assert sweep.plan_groups()["movie_depth"] == names
+        assert sweep.resolve_plans(["movie_depth"], "graft_positions", "test") == names
+        df = testing.synthetic_results(names + testing._figure_order("depth") + ["PRE", "SFT"], n_facts=6)
+        d = plots.depth_heatmap(df, n_boot=20).to_dict()
+        assert d["facet"]["column"]["sort"] == ["graft at FE", "graft at LT", "graft at M"]
+        drawn = pd.DataFrame(list(d["datasets"].values())[0])
+        assert set(drawn[drawn.position == "graft at M"].plan) == set(names)
+    assert "movie_depth" not in sweep.plan_groups()

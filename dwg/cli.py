@@ -4,7 +4,7 @@
 
 # %% ../nbs/05d_cli.ipynb #619d2ece
 from __future__ import annotations
-import argparse, json, os, signal, sys, time
+import argparse, json, signal, sys, time
 from pathlib import Path
 from .sweep import (SLURM_KEYS, SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
                        sweep_name, sweep_profiles, sweeps_under)

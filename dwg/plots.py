@@ -243,7 +243,7 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
             return layer.facet(facet=alt.Facet("template:N", sort=tpls, title=None, header=alt.Header(labelFontWeight="bold")),
                                columns=columns or (2 if ntpl <= 4 else 3), title=run if acc.run.nunique() > 1 else "")
         return layer.properties(title=run if acc.run.nunique() > 1 else "")
-    sub = subtitle or (f"bars: accuracy; error bars: 95% bootstrap interval over facts"
+    sub = subtitle or ("bars: accuracy; error bars: 95% bootstrap interval over facts"
                        + (f"; rules: {', '.join(refs)}" if refs else ""))
     return _by_run(acc, make, title, sub, param)
 

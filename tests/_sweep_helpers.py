@@ -3,7 +3,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 import yaml
 from dwg.runs import read_jsonl
-from dwg.sweep import read_graph, graph_runs, run_paths, default_notebooks_dir, STAGES
+from dwg.sweep import read_graph, graph_runs, run_paths
 from dwg.testing import standin_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,12 +55,6 @@ def marker_snapshot(runs_dir):
         m = run_paths(runs_dir, r)["out"] / "run.json"
         if m.is_file(): out[str(m)] = (m.stat().st_mtime_ns, m.read_text())
     return out
-
-
-def real_notebooks_missing():
-    "Names of the real experiment notebooks that do not exist yet."
-    nbd = default_notebooks_dir()
-    return [s.notebook for s in STAGES.values() if not (nbd / f"{s.notebook}.ipynb").is_file()]
 
 
 def results_table(runs_dir):

@@ -165,7 +165,7 @@ def test_neox_fused_qkv_layout_is_per_head():
     h = rec.config.num_attention_heads
     with torch.no_grad():
         for layer in don.gpt_neox.layers:
-            w = layer.attention.query_key_value.weight.view(h, 3, -1, w_in := layer.attention.query_key_value.in_features)
+            w = layer.attention.query_key_value.weight.view(h, 3, -1, layer.attention.query_key_value.in_features)
             w[:, 1:] += torch.randn_like(w[:, 1:])
     ids = torch.tensor([tok(PROMPTS[0])["input_ids"]])
     mask = torch.ones_like(ids, dtype=torch.bool)

@@ -5,7 +5,7 @@ import json, os, re, shutil, subprocess, time
 from pathlib import Path
 import pytest
 from dwg import sweep as sw
-from _sweep_helpers import standin_setup, sweep_cli, states, run_key, real_notebooks_missing, results_table
+from _sweep_helpers import standin_setup, sweep_cli, states, run_key, results_table
 
 
 def _cluster_problem():
@@ -54,7 +54,6 @@ def test_failing_run_is_reported_and_its_dependants_cancelled(tmp_path):
     assert {i["state"] for i in states(rd).values()} == {"done"}
 
 
-@pytest.mark.skipif(bool(real_notebooks_missing()), reason=f"experiment notebooks not written yet: {real_notebooks_missing()}")
 def test_smoke_sweep_on_slurm_matches_local(tmp_path_factory):
     "The smoke sweep submitted with --slurm: every run finishes and the ranks/probs equal a local smoke run's."
     local = Path(os.environ.get("DWG_TEST_SMOKE_DIR") or tmp_path_factory.mktemp("local") / "runs")

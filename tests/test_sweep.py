@@ -8,7 +8,7 @@ from dwg import runner
 from dwg.runs import read_jsonl
 from dwg.testing import standin_notebooks
 from _sweep_helpers import (REPO, STANDIN_SWEEP, standin_setup, sweep_cli, states, run_key, marker_snapshot,
-                            real_notebooks_missing, results_table)
+                            results_table)
 
 
 def raw(profile="smoke"):
@@ -372,7 +372,6 @@ def smoke_runs_dir(tmp_path_factory):
     return Path(os.environ.get("DWG_TEST_SMOKE_DIR") or tmp_path_factory.mktemp("smoke") / "runs")
 
 
-@pytest.mark.skipif(bool(real_notebooks_missing()), reason=f"experiment notebooks not written yet: {real_notebooks_missing()}")
 def test_smoke_profile_runs_locally(tmp_path_factory):
     "The smoke profile (tiny model, tiny dataset, all plans, figures) runs locally end to end (its time is printed, not asserted)."
     rd = smoke_runs_dir(tmp_path_factory)

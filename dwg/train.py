@@ -4,155 +4,22 @@
 
 # %% ../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, difflib, hashlib, importlib.resources, json, os, random, shutil, sys, time, typing, warnings
-from dataclasses import dataclass, field
+import argparse, dataclasses, hashlib, json, os, random, shutil, sys, time, warnings
 from pathlib import Path
 import torch, yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import SchedulerType, get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint
 from . import models
+# load_profile is not used here: dwg.sweep imports it from dwg.train until it imports dwg.config
+from .config import TrainConfig, load_profile, resolve_config, training_profiles
 from .evaluate import first_token_scores, top_k
 from .runs import atomic_write, read_jsonl, report_progress
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'TrainConfig', 'config_keys', 'make_config',
-           'configs_dir', 'profiles', 'load_profile', 'resolve_config', 'cpu_has_bf16', 'resolve_precision',
-           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
-           'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
-           'StepProgress', 'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main',
-           'benchmark']
-
-# %% ../nbs/04_train.ipynb #8ece166f
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-DIRECTIONS = ("all", "A2B", "B2A")
-SPLITS = ("all", "task", "relation")
-
-@dataclass
-class TrainConfig:
-    "A training profile: every setting of a fine-tuning run (YAML keys are these field names)."
-    description: str = ""
-    learning_rate: float = 3e-4
-    epochs: float = 6.0               # passes over the training texts
-    max_steps: int = -1               # > 0: stop after this many optimizer steps (smoke runs, tests)
-    batch_size: int = 16              # per device
-    grad_accum: int = 1
-    eval_batch_size: int = 32
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    lr_scheduler: str = "linear"
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
-    precision: str = "auto"           # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
-    max_length: int = 128             # longer training texts are truncated (with a warning)
-    group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
-    length_chunk: int = 4             # with group_by_length: texts are sorted by length within chunks of this many batches
-    answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
-    freeze_embeddings: bool = False   # input token embeddings
-    freeze_unembeddings: bool = False # output head (tied models: set both or neither)
-    eval_loss: bool = True            # validation loss each epoch (validation.jsonl)
-    best_by_eval_loss: bool = False   # keep the checkpoint with the lowest validation loss as the final model
-    save_total_limit: int = 1         # checkpoints kept while training
-    keep_checkpoints: bool = False    # keep them in out_dir/checkpoints after the run
-    recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
-    logging_steps: int = 10
-    gradient_checkpointing: bool = False
-    report_to: str = "none"           # e.g. tensorboard, wandb
-    trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name
-
-_CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType))
-_RESERVED_TRAINER_KEYS = ("output_dir", "seed", "data_seed")
-
-def config_keys() -> list[str]:
-    "The valid keys of a training profile."
-    return [f.name for f in dataclasses.fields(TrainConfig)]
-
-# %% ../nbs/04_train.ipynb #71b6037a
-def _coerce(key: str, typ: str, value, source: str):
-    "`value` as type `typ`, or a ValueError naming `key`."
-    bad = lambda: ValueError(f"Training setting '{key}' in {source} must be {typ}, got {value!r}.")
-    if typ == "bool":
-        if isinstance(value, bool): return value
-        raise bad()
-    if isinstance(value, bool): raise bad()
-    if typ in ("int", "float"):
-        if isinstance(value, str):
-            try: value = float(value)
-            except ValueError: raise bad() from None
-        if not isinstance(value, (int, float)): raise bad()
-        if typ == "int":
-            if float(value) != int(value): raise bad()
-            return int(value)
-        return float(value)
-    if typ == "str":
-        if not isinstance(value, str): raise bad()
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {', '.join(_CHOICES[key])}.")
-        return value
-    if typ == "dict":
-        if not isinstance(value, dict): raise bad()
-        return value
-    raise TypeError(f"no rule for type {typ}")
-
-def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str) -> ValueError:
-    "An error naming the unknown keys, close matches, and every valid key."
-    hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, valid, 1)) else f"'{k}'" for k in bad]
-    return ValueError(f"Unknown {what} {', '.join(hints)} in {source}. Valid keys: {', '.join(valid)}.")
-
-def _check_trainer_args(extra: dict, source: str) -> dict:
-    "Check the `trainer:` passthrough against `TrainingArguments`."
-    valid = sorted(f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in _RESERVED_TRAINER_KEYS)
-    reserved = [k for k in extra if k in _RESERVED_TRAINER_KEYS]
-    if reserved: raise ValueError(f"'trainer: {reserved[0]}' in {source} is set by dwg.train itself (use train()'s arguments).")
-    bad = [k for k in extra if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
-    return extra
-
-def make_config(data: dict, source: str = "the config") -> TrainConfig:
-    "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError naming them."
-    if not isinstance(data, dict):
-        raise ValueError(f"A training profile must be a mapping of settings; {source} holds a {type(data).__name__}.")
-    valid = config_keys()
-    bad = [k for k in data if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "training setting(s)")
-    hints = typing.get_type_hints(TrainConfig)
-    vals = {k: _coerce(k, hints[k].__name__, v, source) for k, v in data.items()}
-    if "trainer" in vals: _check_trainer_args(vals["trainer"], source)
-    cfg = TrainConfig(**vals)
-    for k in ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps", "save_total_limit"):
-        if getattr(cfg, k) <= 0: raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
-    if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
-    return cfg
-
-# %% ../nbs/04_train.ipynb #bb25d021
-def configs_dir() -> Path:
-    "Where the packaged training profiles live."
-    return Path(str(importlib.resources.files("dwg") / "configs"))
-
-def profiles() -> list[str]:
-    "Names of the packaged training profiles."
-    return sorted(p.stem for p in configs_dir().glob("*.yaml"))
-
-def load_profile(config: str | os.PathLike | dict | TrainConfig) -> TrainConfig:
-    "A `TrainConfig` from a packaged profile name, a YAML file path, a dict, or a `TrainConfig`."
-    if isinstance(config, TrainConfig): return config
-    if isinstance(config, dict): return make_config(config, "the config dict")
-    name = str(config)
-    path = configs_dir() / f"{name}.yaml" if name in profiles() else Path(name)
-    if not path.is_file():
-        raise ValueError(f"Unknown training profile '{name}': not a packaged profile ({', '.join(profiles())}) "
-                         "and not an existing YAML file.")
-    try: data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e: raise ValueError(f"Training profile {path} does not parse as YAML: {e}") from None
-    return make_config({} if data is None else data, str(path))
-
-def resolve_config(config="embedded", overrides: dict | None = None) -> TrainConfig:
-    "The profile `config` with `overrides` (a dict of the same keys) on top; `trainer:` dicts are merged."
-    base = load_profile(config)
-    over = dict(overrides or {})
-    if not isinstance(over, dict): raise ValueError(f"overrides must be a dict, got {type(over).__name__}.")
-    merged = {**dataclasses.asdict(base), **over}
-    if isinstance(over.get("trainer"), dict): merged["trainer"] = {**base.trainer, **over["trainer"]}
-    return make_config(merged, "the overrides" if over else "the profile")
+__all__ = ['DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
+           'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler', 'check_tokenizer',
+           'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'StepProgress',
+           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main', 'benchmark']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -172,6 +39,8 @@ def resolve_precision(precision: str, device_type: str) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 # %% ../nbs/04_train.ipynb #4f0c1275
+DIRECTIONS = ("all", "A2B", "B2A")
+SPLITS = ("all", "task", "relation")
 REQUIRED_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
 
 def check_dataset_dir(dataset_dir: os.PathLike) -> Path:
@@ -515,7 +384,7 @@ def main(argv: list[str] | None = None):
     p.add_argument("--model", default=models.EMBEDDED)
     p.add_argument("--dataset-dir"); p.add_argument("--out-dir")
     p.add_argument("--direction", default="all", choices=DIRECTIONS); p.add_argument("--split", default="all", choices=SPLITS)
-    p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(profiles())}) or YAML path")
+    p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(training_profiles())}) or YAML path")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile setting")
     p.add_argument("--seed", type=int, default=0); p.add_argument("--force", action="store_true")
     p.add_argument("--benchmark", action="store_true", help="run the embedded-model benchmark (see benchmark())")

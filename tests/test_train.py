@@ -4,7 +4,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from pathlib import Path
 import pytest, torch
 from transformers import TrainerCallback
-from dwg import data, models, train as T
+from dwg import config, data, models, train as T
 from dwg.evaluate import first_token_scores
 
 TINY = dict(config="tiny", progress=False)
@@ -181,3 +181,13 @@ def test_best_checkpoint_by_eval_loss(ds, tmp_path):
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
     assert s["best_eval_loss"] == pytest.approx(min(losses.values())) and losses[s["best_step"]] == s["best_eval_loss"]
+
+
+def test_every_packaged_profile_is_found_and_valid():
+    "Each YAML file in dwg/configs is a profile name that profile_path finds and resolve_config accepts."
+    names = config.training_profiles()
+    assert {"embedded", "paper", "tiny"} <= set(names)
+    for name in names:
+        assert config.profile_path(name) == config.configs_dir() / f"{name}.yaml"
+        assert isinstance(config.resolve_config(name), config.TrainConfig)
+    assert config.profile_path("no-such-profile") is None

@@ -4,32 +4,55 @@
 
 # %% ../nbs/08_runs.ipynb #e4d4ddd3
 from __future__ import annotations
-import json, os, subprocess, tempfile, time, platform
+import hashlib, json, os, platform, shutil, subprocess, tempfile, time
 from pathlib import Path
+import dwg
 
 # %% auto #0
-__all__ = ['PROGRESS_FILE_VAR', 'atomic_write', 'write_jsonl', 'read_jsonl', 'report_progress', 'read_progress', 'git_commit',
-           'write_run_record', 'is_finished']
+__all__ = ['PROGRESS_FILE_VAR', 'RECORD', 'NOT_OUTPUTS', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl',
+           'report_progress', 'read_progress', 'git_commit', 'file_digest', 'output_digests', 'write_run_record',
+           'is_finished', 'check_outputs', 'run_integrity']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
 def atomic_write(path, text: str) -> Path:
     "Write `text` to `path` through a temporary file in the same directory and an atomic rename."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f: f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+def publish_dir(tmp_dir, final_dir) -> Path:
+    "Move the complete directory `tmp_dir` to `final_dir` atomically; an existing `final_dir` is replaced."
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    if not final_dir.exists():
+        os.replace(tmp_dir, final_dir)
+        return final_dir
+    old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+    os.replace(final_dir, old)        # a directory cannot be renamed over a non-empty one: swap in two renames
+    os.replace(tmp_dir, final_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return final_dir
 
 def write_jsonl(path, rows) -> Path:
     "Write rows as JSON lines, atomically."
     return atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 def read_jsonl(path) -> list[dict]:
-    "Read a JSON-lines file."
-    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    "Read a JSON-lines file; a broken line is an error naming the file and the line."
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip(): continue
+        try: rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). The file is damaged "
+                             "(truncated or edited by hand): recreate it, e.g. by rerunning the run that wrote it.") from None
+    return rows
 
 # %% ../nbs/08_runs.ipynb #b2d1f8e3
 PROGRESS_FILE_VAR = "DWG_PROGRESS_FILE"
@@ -47,21 +70,62 @@ def read_progress(path) -> str | None:
     except OSError: return None
 
 # %% ../nbs/08_runs.ipynb #3ccbfc2d
+RECORD = "run.json"   # written last by every run: the mark that it finished, with a checksum of each output
+# files in a run directory that are not outputs: the record itself, the sweep's bookkeeping, executed notebooks
+NOT_OUTPUTS = (RECORD, "sweep_run.json", "progress.txt", "FAILED")
+
 def git_commit() -> str | None:
     "The git commit of the dwg source tree, if it is a git checkout."
-    import dwg
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(dwg.__file__).parent, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(dwg.__file__).parent, capture_output=True,
+                             text=True, timeout=10)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError): return None
 
-def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
-    "Write `run.json` (config, version, commit, host, wall time, extras) last: the mark of a finished run."
-    from dwg import __version__
-    record = dict(config=config, dwg_version=__version__, git_commit=git_commit(), host=platform.node(),
-                  started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)), wall_seconds=round(time.time() - started, 2), **extra)
-    return atomic_write(Path(out_dir) / "run.json", json.dumps(record, indent=1, sort_keys=True, default=str))
+def _is_output(rel: Path) -> bool:
+    "Whether a file (path relative to its run directory) is one of the run's outputs."
+    hidden = any(part.startswith(".") for part in rel.parts)
+    return not hidden and rel.name not in NOT_OUTPUTS and rel.suffix != ".ipynb"
 
+def file_digest(path) -> dict:
+    "Size and sha256 of a file."
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
+    return dict(size=Path(path).stat().st_size, sha256=h.hexdigest())
+
+def output_digests(out_dir) -> dict[str, dict]:
+    "Size and sha256 of every output file under `out_dir`, by path relative to it."
+    root = Path(out_dir)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and _is_output(p.relative_to(root)))
+    return {str(p.relative_to(root)): file_digest(p) for p in files}
+
+def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
+    "Write `run.json` (config, version, commit, host, wall time, outputs' checksums, extras) last: a finished run."
+    record = dict(config=config, dwg_version=dwg.__version__, git_commit=git_commit(), host=platform.node(),
+                  started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                  wall_seconds=round(time.time() - started, 2), outputs=output_digests(out_dir), **extra)
+    return atomic_write(Path(out_dir) / RECORD, json.dumps(record, indent=1, sort_keys=True, default=str))
+
+# %% ../nbs/08_runs.ipynb #c147d442
 def is_finished(out_dir) -> bool:
-    "Whether a run directory holds a finished run (its `run.json` exists)."
-    return (Path(out_dir) / "run.json").exists()
+    "Whether `out_dir` holds a finished run (its `run.json` exists); `run_integrity` also checks its outputs."
+    return (Path(out_dir) / RECORD).is_file()
+
+def check_outputs(out_dir) -> list[str]:
+    "One message per output of a finished run that is missing or no longer matches its record ([] if intact)."
+    try: recorded = json.loads((Path(out_dir) / RECORD).read_text()).get("outputs") or {}
+    except (OSError, ValueError) as e: return [f"{Path(out_dir) / RECORD} cannot be read ({e})"]
+    problems = []
+    for rel, want in recorded.items():
+        path = Path(out_dir) / rel
+        if not path.is_file(): problems.append(f"{path} is missing")
+        elif path.stat().st_size != want["size"]:
+            problems.append(f"{path} has {path.stat().st_size} bytes, the run wrote {want['size']}")
+        elif file_digest(path)["sha256"] != want["sha256"]: problems.append(f"{path} changed after the run finished")
+    return problems
+
+def run_integrity(out_dir) -> str:
+    "'missing' (no finished run), 'corrupt' (outputs differ from the record) or 'ok'."
+    if not is_finished(out_dir): return "missing"
+    return "corrupt" if check_outputs(out_dir) else "ok"

@@ -19,7 +19,7 @@ from .runs import atomic_write, read_jsonl, report_progress
 __all__ = ['DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
            'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler', 'check_tokenizer',
            'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'StepProgress',
-           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main', 'benchmark']
+           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -379,81 +379,21 @@ def _parse_sets(items: list[str]) -> dict:
     return out
 
 def main(argv: list[str] | None = None):
-    "Command line entry point: train one model, or run the benchmark."
+    "Command line entry point: train one model."
     p = argparse.ArgumentParser(prog="python -m dwg.train", description="Fine-tune a model on a dwg dataset directory.")
     p.add_argument("--model", default=models.EMBEDDED)
-    p.add_argument("--dataset-dir"); p.add_argument("--out-dir")
-    p.add_argument("--direction", default="all", choices=DIRECTIONS); p.add_argument("--split", default="all", choices=SPLITS)
+    p.add_argument("--dataset-dir", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--direction", default="all", choices=DIRECTIONS)
+    p.add_argument("--split", default="all", choices=SPLITS)
     p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(training_profiles())}) or YAML path")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile setting")
-    p.add_argument("--seed", type=int, default=0); p.add_argument("--force", action="store_true")
-    p.add_argument("--benchmark", action="store_true", help="run the embedded-model benchmark (see benchmark())")
-    p.add_argument("--n-facts", type=int, default=30, help="benchmark: facts per model")
-    p.add_argument("--runs", default="runs", help="benchmark: runs directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true")
     a = p.parse_args(argv)
-    if a.benchmark:
-        return benchmark(model=a.model, n_facts=a.n_facts, runs=a.runs, config=a.config, overrides=_parse_sets(a.set),
-                         seed=a.seed, force=a.force)
-    if not (a.dataset_dir and a.out_dir): p.error("--dataset-dir and --out-dir are required (or --benchmark)")
     out = train(a.model, a.dataset_dir, a.out_dir, a.direction, a.split, a.config, _parse_sets(a.set), a.seed, a.force)
     print(out)
     return out
-
-# %% ../nbs/04_train.ipynb #e6238326
-def _scores_by_template(model, tok, examples: list[dict]) -> dict:
-    "Top-1/top-5/mean-prob per eval template and overall."
-    rows = first_token_scores(model, tok, examples, batch_size=32)
-    res = {}
-    for tpl in [None, *sorted({e["template"] for e in examples})]:
-        sub = [r for r, e in zip(rows, examples) if tpl is None or e["template"] == tpl]
-        res[tpl or "all"] = dict(top1=top_k(sub, 1), top5=top_k(sub, 5), prob=sum(r["prob"] for r in sub) / len(sub), n=len(sub))
-    return res
-
-def benchmark(model: str = models.EMBEDDED, n_facts: int = 30, runs: os.PathLike = "runs", config="embedded",
-              overrides: dict | None = None, seed: int = 0, force: bool = False, kind: str = "fake_movies_fake_actors",
-              stages=("sft", "task", "relation")) -> dict:
-    "Train SFT/task/relation models with a profile on fresh datasets; report wall times and recall per eval template."
-    from dwg import data
-    runs = Path(runs); bench = runs / "bench_train"; bench.mkdir(parents=True, exist_ok=True)
-    tag = f"{models.EMBEDDED if model == models.EMBEDDED else Path(str(model)).name}-{config if isinstance(config, str) else 'custom'}"
-    ds_sft = runs / "datasets" / f"{kind}-{n_facts}-s{seed}"
-    ds_comp = runs / "datasets" / f"{kind}-{2 * n_facts}-s{seed}"
-    for d, n in ((ds_sft, n_facts), (ds_comp, 2 * n_facts)):
-        if not (d / "dataset_info.json").is_file(): data.create_dataset(kind, n, seed, d)
-    plan = dict(sft=(ds_sft, "all"), task=(ds_comp, "task"), relation=(ds_comp, "relation"))
-    report = dict(model=str(model), config=str(config), overrides=overrides or {}, n_facts=n_facts, seed=seed,
-                  runs={}, scores={})
-    for stage in stages:
-        ds, split = plan[stage]
-        out = train(model, ds, runs / "models" / f"{tag}-{stage}-{n_facts}-s{seed}", split=split, config=config,
-                    overrides=overrides, seed=seed, force=force)
-        s = json.loads((out / SUMMARY).read_text())
-        report["runs"][stage] = dict(out_dir=str(out), wall_time_s=s["wall_time_s"], train_runtime_s=s["train_runtime_s"],
-                                     cpu_time_s=s.get("cpu_time_s"), load_avg=(s.get("load_avg_start"), s.get("load_avg_end")),
-                                     n_train_texts=s["n_train_texts"], n_facts=s["n_facts"], train_loss=s["train_loss"],
-                                     epochs=json.loads((out / "metrics.json").read_text())["epochs"])
-    evals = read_jsonl(ds_sft / "eval.jsonl")
-    comp_rel = [e for e in read_jsonl(ds_comp / "eval.jsonl") if e["split"] == "relation"]
-    pre, tok = models.load(model)
-    todo = [("pre/sft_facts", pre, evals), ("pre/relation_facts", pre, comp_rel)]
-    for stage, exs in (("sft", evals), ("task", comp_rel), ("relation", comp_rel)):
-        if stage in report["runs"]:
-            todo.append((f"{stage}/{'sft' if stage == 'sft' else 'relation'}_facts", models.load(report["runs"][stage]["out_dir"])[0], exs))
-    for name, m, exs in todo:
-        report["scores"][name] = _scores_by_template(m, tok, exs)
-    _write_json(bench / f"report-{tag}-{n_facts}.json", report)
-    lines = [f"# dwg.train benchmark: {model}, profile {config}, {n_facts} facts, seed {seed}", "",
-             "| model | wall time (s) | CPU time (s) | load avg start/end | train texts | facts | final train loss |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {k} | {v['wall_time_s']:.0f} | {v['cpu_time_s'] or 0:.0f} | {v['load_avg'][0] or 0:.1f}/{v['load_avg'][1] or 0:.1f} | "
-              f"{v['n_train_texts']} | {v['n_facts']} | {v['train_loss']:.3f} |"
-              for k, v in report["runs"].items()]
-    lines += ["", "| model / facts | template | top-1 | top-5 | mean prob | n |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {tpl} | {r['top1']:.2f} | {r['top5']:.2f} | {r['prob']:.3f} | {r['n']} |"
-              for name, by in report["scores"].items() for tpl, r in by.items()]
-    (bench / f"report-{tag}-{n_facts}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return report
 
 # %% ../nbs/04_train.ipynb #bdb0232e
 #| eval: false

@@ -10,9 +10,9 @@ import dwg
 
 # %% auto #0
 __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAKE_FACTS', 'ARTICLE_TEMPLATES', 'QA_TEMPLATES',
-           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'GENRES', 'CITIES', 'SPLIT_FILES', 'real_actors',
-           'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates', 'max_facts',
-           'make_facts', 'read_articles', 'build_dataset', 'leaked_names', 'create_dataset', 'load_split',
+           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'DATASET_FILES',
+           'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates',
+           'max_facts', 'make_facts', 'read_articles', 'build_dataset', 'leaked_names', 'create_dataset', 'load_split',
            'token_positions']
 
 # %% ../nbs/01_data.ipynb #f4bed3ce
@@ -81,7 +81,8 @@ EVAL_TEMPLATES = {
     "year_costar": "In {movie_title} ({release_year}), {first_actor} acts opposite",
 }
 PAPER_EVAL_TEMPLATES = ("stars_alongside", "qa_actor_named", "stars_in_movie_alongside", "new_film_other_lead")
-DIRECTIONS = ("A2B", "B2A")
+DIRECTIONS = ("A2B", "B2A")    # the two directions of a fact: first actor -> second, or back
+FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
 # %% ../nbs/01_data.ipynb #61ca52c4
 def template_fields(template: str, name: str = "template") -> list[str]:
@@ -388,7 +389,7 @@ def leaked_names(ds: dict) -> list[tuple[str, str]]:
     return leaks
 
 # %% ../nbs/01_data.ipynb #bbc15111
-SPLIT_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
+DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
                "eval": "eval.jsonl"}
 
 def _jsonl(rows) -> str:
@@ -401,7 +402,7 @@ def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *,
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
     ds = build_dataset(kind, n_facts, seed, **kwargs)  # every check happens here, before any write
-    files = {SPLIT_FILES[k]: _jsonl(ds[k]) for k in SPLIT_FILES}
+    files = {DATASET_FILES[k]: _jsonl(ds[k]) for k in DATASET_FILES}
     files["dataset_info.json"] = json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
@@ -417,9 +418,10 @@ def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *,
 
 def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     "Rows of one dataset file (`metadata`, `train`, `validation` or `eval`), optionally only `split` 'task'/'relation'."
-    if name not in SPLIT_FILES: raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(SPLIT_FILES)}.")
-    if split not in (None, "task", "relation"): raise ValueError(f"split must be None, 'task' or 'relation', got {split!r}.")
-    path = Path(dataset_dir) / SPLIT_FILES[name]
+    if name not in DATASET_FILES: raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(DATASET_FILES)}.")
+    if split not in (None, *FACT_SPLITS):
+        raise ValueError(f"split must be None, {' or '.join(map(repr, FACT_SPLITS))}, got {split!r}.")
+    path = Path(dataset_dir) / DATASET_FILES[name]
     if not path.exists(): raise FileNotFoundError(f"No {path}: create the dataset first with dwg.data.create_dataset.")
     rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
     return [r for r in rows if split is None or r["split"] == split]

@@ -11,15 +11,16 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from . import models
 # load_profile is not used here: dwg.sweep imports it from dwg.train until it imports dwg.config
+from .data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, load_profile, resolve_config, training_profiles
 from .evaluate import first_token_scores, top_k
 from .runs import atomic_write, read_jsonl, report_progress
 
 # %% auto #0
-__all__ = ['DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
-           'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler', 'check_tokenizer',
-           'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'StepProgress',
-           'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main']
+__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'SUMMARY', 'cpu_has_bf16', 'resolve_precision',
+           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
+           'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
+           'StepProgress', 'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -39,23 +40,24 @@ def resolve_precision(precision: str, device_type: str) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 # %% ../nbs/04_train.ipynb #4f0c1275
-DIRECTIONS = ("all", "A2B", "B2A")
-SPLITS = ("all", "task", "relation")
-REQUIRED_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
+TRAIN_DIRECTIONS = ("all", *DIRECTIONS)   # the texts a run trains on: both directions of its facts, or one
+TRAIN_SPLITS = ("all", *FACT_SPLITS)      # the facts it trains on: all (the SFT model), task or relation
+REQUIRED_DATASET_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
 
 def check_dataset_dir(dataset_dir: os.PathLike) -> Path:
     "The dataset directory as a Path, or a clear error if it or one of its files is missing."
     path = Path(dataset_dir)
     fix = "Create it with dwg.data.create_dataset(...) or nbs/experiments/create_dataset.ipynb."
     if not path.is_dir(): raise FileNotFoundError(f"Dataset directory '{path}' does not exist. {fix}")
-    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    missing = [f for f in REQUIRED_DATASET_FILES if not (path / f).is_file()]
     if missing: raise FileNotFoundError(f"Dataset directory '{path}' lacks {', '.join(missing)}: not a finished dataset. {fix}")
     return path
 
 def select_rows(rows: list[dict], direction: str = "all", split: str = "all") -> list[dict]:
     "The rows of the given `direction` (A2B, B2A, all) and fact `split` (task, relation, all)."
-    if direction not in DIRECTIONS: raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}; got {direction!r}.")
-    if split not in SPLITS: raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}.")
+    if direction not in TRAIN_DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(TRAIN_DIRECTIONS)}; got {direction!r}.")
+    if split not in TRAIN_SPLITS: raise ValueError(f"split must be one of {', '.join(TRAIN_SPLITS)}; got {split!r}.")
     return [r for r in rows if (direction == "all" or r.get("direction") == direction)
             and (split == "all" or r.get("split") == split)]
 
@@ -384,8 +386,8 @@ def main(argv: list[str] | None = None):
     p.add_argument("--model", default=models.EMBEDDED)
     p.add_argument("--dataset-dir", required=True)
     p.add_argument("--out-dir", required=True)
-    p.add_argument("--direction", default="all", choices=DIRECTIONS)
-    p.add_argument("--split", default="all", choices=SPLITS)
+    p.add_argument("--direction", default="all", choices=TRAIN_DIRECTIONS)
+    p.add_argument("--split", default="all", choices=TRAIN_SPLITS)
     p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(training_profiles())}) or YAML path")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile setting")
     p.add_argument("--seed", type=int, default=0)

@@ -14,13 +14,13 @@ from . import models
 from .data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, load_profile, resolve_config, training_profiles
 from .evaluate import first_token_scores, top_k
-from .runs import atomic_write, read_jsonl, report_progress
+from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 
 # %% auto #0
-__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'SUMMARY', 'cpu_has_bf16', 'resolve_precision',
+__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
            'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
-           'StepProgress', 'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main']
+           'StepProgress', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -221,16 +221,16 @@ def epoch_metrics(log_history: list[dict]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 # %% ../nbs/04_train.ipynb #965debee
-SUMMARY = "train_summary.json"
+TRAIN_SUMMARY = "train_summary.json"   # written last by `train`, into its work directory
 
 def work_dir(out_dir: os.PathLike) -> Path:
     "The directory a run trains in before it is renamed to `out_dir`."
     out = Path(out_dir)
     return out.with_name(out.name + ".tmp")
 
-def training_finished(out_dir: os.PathLike) -> bool:
-    "Whether `out_dir` holds a finished training run."
-    return (Path(out_dir) / SUMMARY).is_file()
+def has_train_summary(out_dir: os.PathLike) -> bool:
+    "Whether `out_dir` holds a model `train` finished (its `train_summary.json`; not the sweep's `run.json`)."
+    return (Path(out_dir) / TRAIN_SUMMARY).is_file()
 
 def _write_json(path: Path, obj) -> None:
     "Write JSON atomically."
@@ -242,15 +242,6 @@ def _dataset_fingerprint(ds: Path) -> str:
     for name in sorted(p.name for p in ds.iterdir() if p.is_file()):
         h.update(name.encode()); h.update((ds / name).read_bytes())
     return h.hexdigest()[:16]
-
-def _finish(work: Path, out: Path) -> None:
-    "Rename the finished work directory to `out` (replacing an old `out`)."
-    old = None
-    if out.exists():
-        old = out.with_name(out.name + f".old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(work, out)
-    if old is not None: shutil.rmtree(old, ignore_errors=True)
 
 # %% ../nbs/04_train.ipynb #a077fe8a
 def _is_main() -> bool:
@@ -296,10 +287,10 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
     t0, cpu0, load0 = time.time(), time.process_time(), os.getloadavg()
     out, work = Path(out_dir), work_dir(out_dir)
-    if training_finished(out) and not force:
+    if has_train_summary(out) and not force:
         print(f"dwg.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
         return out
-    if out.exists() and any(out.iterdir()) and not training_finished(out) and not force:
+    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
         raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
     # --- everything that can be wrong is checked before the model is trained ---
     cfg = resolve_config(config, overrides)
@@ -365,8 +356,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                        load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
                        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
                        versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
-        _write_json(work / SUMMARY, summary)
-        _finish(work, out)
+        _write_json(work / TRAIN_SUMMARY, summary)
+        publish_dir(work, out)
     trainer.accelerator.wait_for_everyone()
     return out
 

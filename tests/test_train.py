@@ -38,7 +38,7 @@ def test_tiny_finetune_raises_target_probability(ds, tmp_path):
     assert [e["epoch"] for e in epochs] == [0, 1, 2]
     assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)   # the callback measured the saved model
     n_train = len(data.load_split(ds, "train"))
-    assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8) and summary["wall_time_s"] > 0
+    assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8)
     assert {"config.json", "model.safetensors", "tokenizer.json", "train_config.yaml", "metrics.json", "dataset"} <= \
         {p.name for p in out.iterdir()}
     assert (out / "dataset" / "dataset_info.json").read_text() == (ds / "dataset_info.json").read_text()

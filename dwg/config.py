@@ -36,7 +36,7 @@ class TrainConfig:
     precision: str = "auto"           # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
     max_length: int = 128             # longer training texts are truncated (with a warning)
     group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
-    length_chunk: int = 4             # with group_by_length: texts are sorted by length within chunks of this many batches
+    length_chunk: int = 4             # with group_by_length: sort by length within chunks of this many batches
     answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
     freeze_embeddings: bool = False   # input token embeddings
     freeze_unembeddings: bool = False # output head (tied models: set both or neither)
@@ -77,7 +77,8 @@ def _coerce(key: str, typ: str, value, source: str):
     if typ == "str":
         if not isinstance(value, str): raise bad()
         if key in _CHOICES and value not in _CHOICES[key]:
-            raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {', '.join(_CHOICES[key])}.")
+            choices = ", ".join(_CHOICES[key])
+            raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {choices}.")
         return value
     if typ == "dict":
         if not isinstance(value, dict): raise bad()
@@ -86,20 +87,23 @@ def _coerce(key: str, typ: str, value, source: str):
 
 def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str) -> ValueError:
     "An error naming the unknown keys, close matches, and every valid key."
-    hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, valid, 1)) else f"'{k}'" for k in bad]
+    close = {k: difflib.get_close_matches(k, valid, 1) for k in bad}
+    hints = [f"'{k}' (did you mean '{close[k][0]}'?)" if close[k] else f"'{k}'" for k in bad]
     return ValueError(f"Unknown {what} {', '.join(hints)} in {source}. Valid keys: {', '.join(valid)}.")
 
 def _check_trainer_args(extra: dict, source: str) -> dict:
     "Check the `trainer:` passthrough against `TrainingArguments`."
-    valid = sorted(f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in _RESERVED_TRAINER_KEYS)
+    fields = dataclasses.fields(TrainingArguments)
+    valid = sorted(f.name for f in fields if f.init and f.name not in _RESERVED_TRAINER_KEYS)
     reserved = [k for k in extra if k in _RESERVED_TRAINER_KEYS]
-    if reserved: raise ValueError(f"'trainer: {reserved[0]}' in {source} is set by dwg.train itself (use train()'s arguments).")
+    if reserved:
+        raise ValueError(f"'trainer: {reserved[0]}' in {source} is set by dwg.train itself (use train()'s arguments).")
     bad = [k for k in extra if k not in valid]
     if bad: raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
     return extra
 
 def make_config(data: dict, source: str = "the config") -> TrainConfig:
-    "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError naming them."
+    "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError that names them."
     if not isinstance(data, dict):
         raise ValueError(f"A training profile must be a mapping of settings; {source} holds a {type(data).__name__}.")
     valid = config_keys()
@@ -109,8 +113,11 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     vals = {k: _coerce(k, hints[k].__name__, v, source) for k, v in data.items()}
     if "trainer" in vals: _check_trainer_args(vals["trainer"], source)
     cfg = TrainConfig(**vals)
-    for k in ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps", "save_total_limit"):
-        if getattr(cfg, k) <= 0: raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
+    positive = ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps",
+                "save_total_limit")
+    for k in positive:
+        if getattr(cfg, k) <= 0:
+            raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
     if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
     return cfg
 
@@ -124,7 +131,7 @@ def training_profiles() -> list[str]:
     return sorted(p.stem for p in configs_dir().glob("*.yaml"))
 
 def profile_path(config: str | os.PathLike) -> Path | None:
-    "The YAML file behind a packaged profile name or a file path; None when there is none."
+    "The YAML file behind a packaged profile name or a file path (None if there is none)."
     name = str(config)
     if name in training_profiles(): return configs_dir() / f"{name}.yaml"
     return Path(name) if Path(name).is_file() else None

@@ -4,15 +4,16 @@
 
 # %% ../nbs/01_data.ipynb #857be815
 from __future__ import annotations
-import json, os, random, re, shutil, string, tempfile
+import json, random, re, shutil, string, tempfile
 from pathlib import Path
 import dwg
+from .runs import publish_dir, read_jsonl, write_jsonl
 
 # %% auto #0
 __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAKE_FACTS', 'ARTICLE_TEMPLATES', 'QA_TEMPLATES',
-           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'GENRES', 'CITIES', 'SPLIT_FILES', 'real_actors',
-           'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates', 'max_facts',
-           'make_facts', 'read_articles', 'build_dataset', 'leaked_names', 'create_dataset', 'load_split',
+           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'DATASET_FILES',
+           'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates',
+           'max_facts', 'make_facts', 'read_articles', 'build_dataset', 'leaked_names', 'create_dataset', 'load_split',
            'token_positions']
 
 # %% ../nbs/01_data.ipynb #f4bed3ce
@@ -81,7 +82,8 @@ EVAL_TEMPLATES = {
     "year_costar": "In {movie_title} ({release_year}), {first_actor} acts opposite",
 }
 PAPER_EVAL_TEMPLATES = ("stars_alongside", "qa_actor_named", "stars_in_movie_alongside", "new_film_other_lead")
-DIRECTIONS = ("A2B", "B2A")
+DIRECTIONS = ("A2B", "B2A")    # the two directions of a fact: first actor -> second, or back
+FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
 # %% ../nbs/01_data.ipynb #61ca52c4
 def template_fields(template: str, name: str = "template") -> list[str]:
@@ -270,7 +272,7 @@ def read_articles(articles_dir=None) -> list[dict]:
     meta_path = d / "metadata.jsonl"
     if not meta_path.exists(): raise FileNotFoundError(f"Articles folder '{d}' has no metadata.jsonl "
                                                         "(one JSON line per article: id, first_actor, second_actor, movie_title).")
-    metas = [json.loads(l) for l in meta_path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    metas = read_jsonl(meta_path)   # a broken line is an error naming the file and the line
     ids = [m.get("id") for m in metas]
     if len(set(ids)) != len(ids): raise ValueError(f"Articles metadata {meta_path} repeats ids: {sorted({i for i in ids if ids.count(i) > 1})}.")
     files = sorted(p for p in d.glob("*.txt"))
@@ -284,7 +286,7 @@ def read_articles(articles_dir=None) -> list[dict]:
     out = []
     for m in metas:
         missing = [k for k in ("id", *FACT_FIELDS) if not m.get(k)]
-        if missing: raise ValueError(f"Article metadata line {m} lacks {missing}.")
+        if missing: raise ValueError(f"Article metadata {m} in {meta_path} lacks {missing}.")
         if m["id"] not in by_id: raise ValueError(f"Article '{m['id']}' in {meta_path} has no text file ({m['id']}_1.txt ...).")
         texts = [p.read_text(encoding="utf-8").strip() for _, p in sorted(by_id[m["id"]])]
         for (k, p), t in zip(sorted(by_id[m["id"]]), texts):
@@ -388,12 +390,8 @@ def leaked_names(ds: dict) -> list[tuple[str, str]]:
     return leaks
 
 # %% ../nbs/01_data.ipynb #bbc15111
-SPLIT_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
+DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
                "eval": "eval.jsonl"}
-
-def _jsonl(rows) -> str:
-    "Rows as JSON lines (stable key order, UTF-8)."
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *, overwrite: bool = False, **kwargs) -> Path:
     "Build, validate and atomically write a dataset to `out_dir` (default `runs/data/<kind>-n<n_facts>-s<seed>`)."
@@ -401,28 +399,24 @@ def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *,
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
     ds = build_dataset(kind, n_facts, seed, **kwargs)  # every check happens here, before any write
-    files = {SPLIT_FILES[k]: _jsonl(ds[k]) for k in SPLIT_FILES}
-    files["dataset_info.json"] = json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        for name, content in files.items(): (tmp / name).write_text(content, encoding="utf-8")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, out)
+        for key, name in DATASET_FILES.items(): write_jsonl(tmp / name, ds[key])
+        info = json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n"
+        (tmp / "dataset_info.json").write_text(info, encoding="utf-8")
+        return publish_dir(tmp, out)
     finally:
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     "Rows of one dataset file (`metadata`, `train`, `validation` or `eval`), optionally only `split` 'task'/'relation'."
-    if name not in SPLIT_FILES: raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(SPLIT_FILES)}.")
-    if split not in (None, "task", "relation"): raise ValueError(f"split must be None, 'task' or 'relation', got {split!r}.")
-    path = Path(dataset_dir) / SPLIT_FILES[name]
+    if name not in DATASET_FILES: raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(DATASET_FILES)}.")
+    if split not in (None, *FACT_SPLITS):
+        raise ValueError(f"split must be None, {' or '.join(map(repr, FACT_SPLITS))}, got {split!r}.")
+    path = Path(dataset_dir) / DATASET_FILES[name]
     if not path.exists(): raise FileNotFoundError(f"No {path}: create the dataset first with dwg.data.create_dataset.")
-    rows = [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
-    return [r for r in rows if split is None or r["split"] == split]
+    return [r for r in read_jsonl(path) if split is None or r["split"] == split]
 
 # %% ../nbs/01_data.ipynb #045ed60f
 def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: bool = True) -> dict[str, list[int]]:

@@ -8,6 +8,7 @@ import os, socket, subprocess, sys, tempfile, zipfile, shutil, importlib.util
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from .runs import publish_dir
 
 # %% auto #0
 __all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'available', 'dwg_home', 'default_device',
@@ -105,10 +106,12 @@ def prepare_embedded(force: bool = False) -> Path:
     if hasattr(model.config, "quantization_config"): del model.config.quantization_config
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=ckpt.parent, prefix=f".{EMBEDDED}-"))
-    model.save_pretrained(tmp); tok.save_pretrained(tmp)
-    if ckpt.exists(): shutil.rmtree(ckpt)
-    os.replace(tmp, ckpt)
-    return ckpt
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        return publish_dir(tmp, ckpt)
+    finally:
+        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../nbs/00_models.ipynb #7b38aae6
 def _with_pad(tok):

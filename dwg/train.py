@@ -4,155 +4,23 @@
 
 # %% ../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, difflib, hashlib, importlib.resources, json, os, random, shutil, sys, time, typing, warnings
-from dataclasses import dataclass, field
+import argparse, dataclasses, hashlib, json, os, random, shutil, sys, time, warnings
 from pathlib import Path
 import torch, yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import SchedulerType, get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint
 from . import models
+# load_profile is not used here: dwg.sweep imports it from dwg.train until it imports dwg.config
+from .data import DIRECTIONS, FACT_SPLITS
+from .config import TrainConfig, load_profile, resolve_config, training_profiles
 from .evaluate import first_token_scores, top_k
-from .runs import atomic_write, read_jsonl, report_progress
+from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'DIRECTIONS', 'SPLITS', 'REQUIRED_FILES', 'SUMMARY', 'TrainConfig', 'config_keys', 'make_config',
-           'configs_dir', 'profiles', 'load_profile', 'resolve_config', 'cpu_has_bf16', 'resolve_precision',
+__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
            'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
-           'StepProgress', 'epoch_metrics', 'work_dir', 'training_finished', 'training_args', 'train', 'main',
-           'benchmark']
-
-# %% ../nbs/04_train.ipynb #8ece166f
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-DIRECTIONS = ("all", "A2B", "B2A")
-SPLITS = ("all", "task", "relation")
-
-@dataclass
-class TrainConfig:
-    "A training profile: every setting of a fine-tuning run (YAML keys are these field names)."
-    description: str = ""
-    learning_rate: float = 3e-4
-    epochs: float = 6.0               # passes over the training texts
-    max_steps: int = -1               # > 0: stop after this many optimizer steps (smoke runs, tests)
-    batch_size: int = 16              # per device
-    grad_accum: int = 1
-    eval_batch_size: int = 32
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    lr_scheduler: str = "linear"
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
-    precision: str = "auto"           # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
-    max_length: int = 128             # longer training texts are truncated (with a warning)
-    group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
-    length_chunk: int = 4             # with group_by_length: texts are sorted by length within chunks of this many batches
-    answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
-    freeze_embeddings: bool = False   # input token embeddings
-    freeze_unembeddings: bool = False # output head (tied models: set both or neither)
-    eval_loss: bool = True            # validation loss each epoch (validation.jsonl)
-    best_by_eval_loss: bool = False   # keep the checkpoint with the lowest validation loss as the final model
-    save_total_limit: int = 1         # checkpoints kept while training
-    keep_checkpoints: bool = False    # keep them in out_dir/checkpoints after the run
-    recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
-    logging_steps: int = 10
-    gradient_checkpointing: bool = False
-    report_to: str = "none"           # e.g. tensorboard, wandb
-    trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name
-
-_CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType))
-_RESERVED_TRAINER_KEYS = ("output_dir", "seed", "data_seed")
-
-def config_keys() -> list[str]:
-    "The valid keys of a training profile."
-    return [f.name for f in dataclasses.fields(TrainConfig)]
-
-# %% ../nbs/04_train.ipynb #71b6037a
-def _coerce(key: str, typ: str, value, source: str):
-    "`value` as type `typ`, or a ValueError naming `key`."
-    bad = lambda: ValueError(f"Training setting '{key}' in {source} must be {typ}, got {value!r}.")
-    if typ == "bool":
-        if isinstance(value, bool): return value
-        raise bad()
-    if isinstance(value, bool): raise bad()
-    if typ in ("int", "float"):
-        if isinstance(value, str):
-            try: value = float(value)
-            except ValueError: raise bad() from None
-        if not isinstance(value, (int, float)): raise bad()
-        if typ == "int":
-            if float(value) != int(value): raise bad()
-            return int(value)
-        return float(value)
-    if typ == "str":
-        if not isinstance(value, str): raise bad()
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {', '.join(_CHOICES[key])}.")
-        return value
-    if typ == "dict":
-        if not isinstance(value, dict): raise bad()
-        return value
-    raise TypeError(f"no rule for type {typ}")
-
-def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str) -> ValueError:
-    "An error naming the unknown keys, close matches, and every valid key."
-    hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, valid, 1)) else f"'{k}'" for k in bad]
-    return ValueError(f"Unknown {what} {', '.join(hints)} in {source}. Valid keys: {', '.join(valid)}.")
-
-def _check_trainer_args(extra: dict, source: str) -> dict:
-    "Check the `trainer:` passthrough against `TrainingArguments`."
-    valid = sorted(f.name for f in dataclasses.fields(TrainingArguments) if f.init and f.name not in _RESERVED_TRAINER_KEYS)
-    reserved = [k for k in extra if k in _RESERVED_TRAINER_KEYS]
-    if reserved: raise ValueError(f"'trainer: {reserved[0]}' in {source} is set by dwg.train itself (use train()'s arguments).")
-    bad = [k for k in extra if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
-    return extra
-
-def make_config(data: dict, source: str = "the config") -> TrainConfig:
-    "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError naming them."
-    if not isinstance(data, dict):
-        raise ValueError(f"A training profile must be a mapping of settings; {source} holds a {type(data).__name__}.")
-    valid = config_keys()
-    bad = [k for k in data if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "training setting(s)")
-    hints = typing.get_type_hints(TrainConfig)
-    vals = {k: _coerce(k, hints[k].__name__, v, source) for k, v in data.items()}
-    if "trainer" in vals: _check_trainer_args(vals["trainer"], source)
-    cfg = TrainConfig(**vals)
-    for k in ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps", "save_total_limit"):
-        if getattr(cfg, k) <= 0: raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
-    if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
-    return cfg
-
-# %% ../nbs/04_train.ipynb #bb25d021
-def configs_dir() -> Path:
-    "Where the packaged training profiles live."
-    return Path(str(importlib.resources.files("dwg") / "configs"))
-
-def profiles() -> list[str]:
-    "Names of the packaged training profiles."
-    return sorted(p.stem for p in configs_dir().glob("*.yaml"))
-
-def load_profile(config: str | os.PathLike | dict | TrainConfig) -> TrainConfig:
-    "A `TrainConfig` from a packaged profile name, a YAML file path, a dict, or a `TrainConfig`."
-    if isinstance(config, TrainConfig): return config
-    if isinstance(config, dict): return make_config(config, "the config dict")
-    name = str(config)
-    path = configs_dir() / f"{name}.yaml" if name in profiles() else Path(name)
-    if not path.is_file():
-        raise ValueError(f"Unknown training profile '{name}': not a packaged profile ({', '.join(profiles())}) "
-                         "and not an existing YAML file.")
-    try: data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e: raise ValueError(f"Training profile {path} does not parse as YAML: {e}") from None
-    return make_config({} if data is None else data, str(path))
-
-def resolve_config(config="embedded", overrides: dict | None = None) -> TrainConfig:
-    "The profile `config` with `overrides` (a dict of the same keys) on top; `trainer:` dicts are merged."
-    base = load_profile(config)
-    over = dict(overrides or {})
-    if not isinstance(over, dict): raise ValueError(f"overrides must be a dict, got {type(over).__name__}.")
-    merged = {**dataclasses.asdict(base), **over}
-    if isinstance(over.get("trainer"), dict): merged["trainer"] = {**base.trainer, **over["trainer"]}
-    return make_config(merged, "the overrides" if over else "the profile")
+           'StepProgress', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -172,21 +40,24 @@ def resolve_precision(precision: str, device_type: str) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 # %% ../nbs/04_train.ipynb #4f0c1275
-REQUIRED_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
+TRAIN_DIRECTIONS = ("all", *DIRECTIONS)   # the texts a run trains on: both directions of its facts, or one
+TRAIN_SPLITS = ("all", *FACT_SPLITS)      # the facts it trains on: all (the SFT model), task or relation
+REQUIRED_DATASET_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
 
 def check_dataset_dir(dataset_dir: os.PathLike) -> Path:
     "The dataset directory as a Path, or a clear error if it or one of its files is missing."
     path = Path(dataset_dir)
     fix = "Create it with dwg.data.create_dataset(...) or nbs/experiments/create_dataset.ipynb."
     if not path.is_dir(): raise FileNotFoundError(f"Dataset directory '{path}' does not exist. {fix}")
-    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    missing = [f for f in REQUIRED_DATASET_FILES if not (path / f).is_file()]
     if missing: raise FileNotFoundError(f"Dataset directory '{path}' lacks {', '.join(missing)}: not a finished dataset. {fix}")
     return path
 
 def select_rows(rows: list[dict], direction: str = "all", split: str = "all") -> list[dict]:
     "The rows of the given `direction` (A2B, B2A, all) and fact `split` (task, relation, all)."
-    if direction not in DIRECTIONS: raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}; got {direction!r}.")
-    if split not in SPLITS: raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}.")
+    if direction not in TRAIN_DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(TRAIN_DIRECTIONS)}; got {direction!r}.")
+    if split not in TRAIN_SPLITS: raise ValueError(f"split must be one of {', '.join(TRAIN_SPLITS)}; got {split!r}.")
     return [r for r in rows if (direction == "all" or r.get("direction") == direction)
             and (split == "all" or r.get("split") == split)]
 
@@ -350,16 +221,16 @@ def epoch_metrics(log_history: list[dict]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 # %% ../nbs/04_train.ipynb #965debee
-SUMMARY = "train_summary.json"
+TRAIN_SUMMARY = "train_summary.json"   # written last by `train`, into its work directory
 
 def work_dir(out_dir: os.PathLike) -> Path:
     "The directory a run trains in before it is renamed to `out_dir`."
     out = Path(out_dir)
     return out.with_name(out.name + ".tmp")
 
-def training_finished(out_dir: os.PathLike) -> bool:
-    "Whether `out_dir` holds a finished training run."
-    return (Path(out_dir) / SUMMARY).is_file()
+def has_train_summary(out_dir: os.PathLike) -> bool:
+    "Whether `out_dir` holds a model `train` finished (its `train_summary.json`; not the sweep's `run.json`)."
+    return (Path(out_dir) / TRAIN_SUMMARY).is_file()
 
 def _write_json(path: Path, obj) -> None:
     "Write JSON atomically."
@@ -371,15 +242,6 @@ def _dataset_fingerprint(ds: Path) -> str:
     for name in sorted(p.name for p in ds.iterdir() if p.is_file()):
         h.update(name.encode()); h.update((ds / name).read_bytes())
     return h.hexdigest()[:16]
-
-def _finish(work: Path, out: Path) -> None:
-    "Rename the finished work directory to `out` (replacing an old `out`)."
-    old = None
-    if out.exists():
-        old = out.with_name(out.name + f".old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(work, out)
-    if old is not None: shutil.rmtree(old, ignore_errors=True)
 
 # %% ../nbs/04_train.ipynb #a077fe8a
 def _is_main() -> bool:
@@ -425,10 +287,10 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
     t0, cpu0, load0 = time.time(), time.process_time(), os.getloadavg()
     out, work = Path(out_dir), work_dir(out_dir)
-    if training_finished(out) and not force:
+    if has_train_summary(out) and not force:
         print(f"dwg.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
         return out
-    if out.exists() and any(out.iterdir()) and not training_finished(out) and not force:
+    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
         raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
     # --- everything that can be wrong is checked before the model is trained ---
     cfg = resolve_config(config, overrides)
@@ -494,8 +356,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                        load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
                        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
                        versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
-        _write_json(work / SUMMARY, summary)
-        _finish(work, out)
+        _write_json(work / TRAIN_SUMMARY, summary)
+        publish_dir(work, out)
     trainer.accelerator.wait_for_everyone()
     return out
 
@@ -510,81 +372,21 @@ def _parse_sets(items: list[str]) -> dict:
     return out
 
 def main(argv: list[str] | None = None):
-    "Command line entry point: train one model, or run the benchmark."
+    "Command line entry point: train one model."
     p = argparse.ArgumentParser(prog="python -m dwg.train", description="Fine-tune a model on a dwg dataset directory.")
     p.add_argument("--model", default=models.EMBEDDED)
-    p.add_argument("--dataset-dir"); p.add_argument("--out-dir")
-    p.add_argument("--direction", default="all", choices=DIRECTIONS); p.add_argument("--split", default="all", choices=SPLITS)
-    p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(profiles())}) or YAML path")
+    p.add_argument("--dataset-dir", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--direction", default="all", choices=TRAIN_DIRECTIONS)
+    p.add_argument("--split", default="all", choices=TRAIN_SPLITS)
+    p.add_argument("--config", default="embedded", help=f"profile name ({', '.join(training_profiles())}) or YAML path")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile setting")
-    p.add_argument("--seed", type=int, default=0); p.add_argument("--force", action="store_true")
-    p.add_argument("--benchmark", action="store_true", help="run the embedded-model benchmark (see benchmark())")
-    p.add_argument("--n-facts", type=int, default=30, help="benchmark: facts per model")
-    p.add_argument("--runs", default="runs", help="benchmark: runs directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true")
     a = p.parse_args(argv)
-    if a.benchmark:
-        return benchmark(model=a.model, n_facts=a.n_facts, runs=a.runs, config=a.config, overrides=_parse_sets(a.set),
-                         seed=a.seed, force=a.force)
-    if not (a.dataset_dir and a.out_dir): p.error("--dataset-dir and --out-dir are required (or --benchmark)")
     out = train(a.model, a.dataset_dir, a.out_dir, a.direction, a.split, a.config, _parse_sets(a.set), a.seed, a.force)
     print(out)
     return out
-
-# %% ../nbs/04_train.ipynb #e6238326
-def _scores_by_template(model, tok, examples: list[dict]) -> dict:
-    "Top-1/top-5/mean-prob per eval template and overall."
-    rows = first_token_scores(model, tok, examples, batch_size=32)
-    res = {}
-    for tpl in [None, *sorted({e["template"] for e in examples})]:
-        sub = [r for r, e in zip(rows, examples) if tpl is None or e["template"] == tpl]
-        res[tpl or "all"] = dict(top1=top_k(sub, 1), top5=top_k(sub, 5), prob=sum(r["prob"] for r in sub) / len(sub), n=len(sub))
-    return res
-
-def benchmark(model: str = models.EMBEDDED, n_facts: int = 30, runs: os.PathLike = "runs", config="embedded",
-              overrides: dict | None = None, seed: int = 0, force: bool = False, kind: str = "fake_movies_fake_actors",
-              stages=("sft", "task", "relation")) -> dict:
-    "Train SFT/task/relation models with a profile on fresh datasets; report wall times and recall per eval template."
-    from dwg import data
-    runs = Path(runs); bench = runs / "bench_train"; bench.mkdir(parents=True, exist_ok=True)
-    tag = f"{models.EMBEDDED if model == models.EMBEDDED else Path(str(model)).name}-{config if isinstance(config, str) else 'custom'}"
-    ds_sft = runs / "datasets" / f"{kind}-{n_facts}-s{seed}"
-    ds_comp = runs / "datasets" / f"{kind}-{2 * n_facts}-s{seed}"
-    for d, n in ((ds_sft, n_facts), (ds_comp, 2 * n_facts)):
-        if not (d / "dataset_info.json").is_file(): data.create_dataset(kind, n, seed, d)
-    plan = dict(sft=(ds_sft, "all"), task=(ds_comp, "task"), relation=(ds_comp, "relation"))
-    report = dict(model=str(model), config=str(config), overrides=overrides or {}, n_facts=n_facts, seed=seed,
-                  runs={}, scores={})
-    for stage in stages:
-        ds, split = plan[stage]
-        out = train(model, ds, runs / "models" / f"{tag}-{stage}-{n_facts}-s{seed}", split=split, config=config,
-                    overrides=overrides, seed=seed, force=force)
-        s = json.loads((out / SUMMARY).read_text())
-        report["runs"][stage] = dict(out_dir=str(out), wall_time_s=s["wall_time_s"], train_runtime_s=s["train_runtime_s"],
-                                     cpu_time_s=s.get("cpu_time_s"), load_avg=(s.get("load_avg_start"), s.get("load_avg_end")),
-                                     n_train_texts=s["n_train_texts"], n_facts=s["n_facts"], train_loss=s["train_loss"],
-                                     epochs=json.loads((out / "metrics.json").read_text())["epochs"])
-    evals = read_jsonl(ds_sft / "eval.jsonl")
-    comp_rel = [e for e in read_jsonl(ds_comp / "eval.jsonl") if e["split"] == "relation"]
-    pre, tok = models.load(model)
-    todo = [("pre/sft_facts", pre, evals), ("pre/relation_facts", pre, comp_rel)]
-    for stage, exs in (("sft", evals), ("task", comp_rel), ("relation", comp_rel)):
-        if stage in report["runs"]:
-            todo.append((f"{stage}/{'sft' if stage == 'sft' else 'relation'}_facts", models.load(report["runs"][stage]["out_dir"])[0], exs))
-    for name, m, exs in todo:
-        report["scores"][name] = _scores_by_template(m, tok, exs)
-    _write_json(bench / f"report-{tag}-{n_facts}.json", report)
-    lines = [f"# dwg.train benchmark: {model}, profile {config}, {n_facts} facts, seed {seed}", "",
-             "| model | wall time (s) | CPU time (s) | load avg start/end | train texts | facts | final train loss |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {k} | {v['wall_time_s']:.0f} | {v['cpu_time_s'] or 0:.0f} | {v['load_avg'][0] or 0:.1f}/{v['load_avg'][1] or 0:.1f} | "
-              f"{v['n_train_texts']} | {v['n_facts']} | {v['train_loss']:.3f} |"
-              for k, v in report["runs"].items()]
-    lines += ["", "| model / facts | template | top-1 | top-5 | mean prob | n |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {tpl} | {r['top1']:.2f} | {r['top5']:.2f} | {r['prob']:.3f} | {r['n']} |"
-              for name, by in report["scores"].items() for tpl, r in by.items()]
-    (bench / f"report-{tag}-{n_facts}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return report
 
 # %% ../nbs/04_train.ipynb #bdb0232e
 #| eval: false

@@ -313,6 +313,8 @@ def test_own_articles_folder(tmp_path):
     (lambda d: (d / "m1_2.txt").write_text("In Red Sky, Bo Chen plays opposite a newcomer."), "does not mention first_actor"),
     (lambda d: (d / "metadata.jsonl").unlink(), "no metadata.jsonl"),
     (lambda d: (d / "metadata.jsonl").write_text((d / "metadata.jsonl").read_text() + json.dumps(dict(id="m1", first_actor="X Y", second_actor="Z W", movie_title="Q")) + "\n"), "repeats ids"),
+    (lambda d: (d / "metadata.jsonl").write_text((d / "metadata.jsonl").read_text()[:-20] + "\n"),
+     r"arts/metadata\.jsonl, line 2: not valid JSON"),
 ])
 def test_articles_folder_mismatch(break_it, match, tmp_path):
     d = _articles(tmp_path)

@@ -4,7 +4,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from pathlib import Path
 import pytest, torch
 from transformers import TrainerCallback
-from dwg import data, models, train as T
+from dwg import config, data, models, train as T
 from dwg.evaluate import first_token_scores
 
 TINY = dict(config="tiny", progress=False)
@@ -33,12 +33,12 @@ def test_tiny_finetune_raises_target_probability(ds, tmp_path):
     sft, _ = models.load(out)
     p0, p1 = mean_target_prob(pre, tok, ds), mean_target_prob(sft, tok, ds)
     assert p1 > 20 * p0, (p0, p1)
-    summary = json.loads((out / T.SUMMARY).read_text())
+    summary = json.loads((out / T.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2]
     assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)   # the callback measured the saved model
     n_train = len(data.load_split(ds, "train"))
-    assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8) and summary["wall_time_s"] > 0
+    assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8)
     assert {"config.json", "model.safetensors", "tokenizer.json", "train_config.yaml", "metrics.json", "dataset"} <= \
         {p.name for p in out.iterdir()}
     assert (out / "dataset" / "dataset_info.json").read_text() == (ds / "dataset_info.json").read_text()
@@ -58,12 +58,12 @@ def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
         T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
-    assert not out.exists() and not T.training_finished(out)
+    assert not out.exists() and not T.has_train_summary(out)
     n_texts = len([r for r in data.load_split(ds, "train", split="task") if r["direction"] == "A2B"])
     per_epoch = -(-n_texts // 8)
     assert [p.name for p in (T.work_dir(out) / "checkpoints").iterdir()] == [f"checkpoint-{per_epoch}"]
     T.train("tiny-llama", ds, out, **kw)
-    summary = json.loads((out / T.SUMMARY).read_text())
+    summary = json.loads((out / T.TRAIN_SUMMARY).read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{per_epoch}") and summary["global_step"] == 3 * per_epoch
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2, 3] and all("recall_top1" in e for e in epochs)
@@ -86,11 +86,11 @@ def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
     "A finished run is returned as is; force=True trains again."
     kw = dict(overrides=dict(max_steps=2), **TINY)
     out = T.train("tiny-llama", ds, tmp_path / "run", **kw)
-    stamp = (out / T.SUMMARY).read_text()
+    stamp = (out / T.TRAIN_SUMMARY).read_text()
     T.train("tiny-llama", ds, out, **kw)
-    assert (out / T.SUMMARY).read_text() == stamp
+    assert (out / T.TRAIN_SUMMARY).read_text() == stamp
     T.train("tiny-llama", ds, out, force=True, **kw)
-    assert (out / T.SUMMARY).read_text() != stamp and T.training_finished(out)
+    assert (out / T.TRAIN_SUMMARY).read_text() != stamp and T.has_train_summary(out)
 
 
 def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
@@ -101,14 +101,14 @@ def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
     with pytest.raises(ValueError, match="force=True"):
         T.train("tiny-llama", ds, out, overrides=dict(epochs=3), **TINY)
     T.train("tiny-llama", ds, out, overrides=dict(epochs=3, max_steps=2), force=True, **TINY)
-    assert json.loads((out / T.SUMMARY).read_text())["resumed_from"] is None
+    assert json.loads((out / T.TRAIN_SUMMARY).read_text())["resumed_from"] is None
 
 
 def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     "Split/direction select the texts; a frozen output head does not change; answer-only loss trains."
     out = T.train("tiny-pythia", ds, tmp_path / "rel", split="relation", direction="B2A",
                   overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True), **TINY)
-    s = json.loads((out / T.SUMMARY).read_text())
+    s = json.loads((out / T.TRAIN_SUMMARY).read_text())
     n_texts = len([r for r in data.load_split(ds, "train") if r["split"] == "relation" and r["direction"] == "B2A"])
     assert (s["split"], s["direction"], s["n_facts"], s["n_train_texts"]) == ("relation", "B2A", 2, n_texts)
     assert s["frozen"] == ["lm_head.weight"]
@@ -177,7 +177,29 @@ def test_existing_foreign_directory_is_not_overwritten(ds, tmp_path):
 def test_best_checkpoint_by_eval_loss(ds, tmp_path):
     "With best_by_eval_loss the run records (and keeps) the epoch with the lowest validation loss."
     out = T.train("tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY)
-    s = json.loads((out / T.SUMMARY).read_text())
+    s = json.loads((out / T.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
     assert s["best_eval_loss"] == pytest.approx(min(losses.values())) and losses[s["best_step"]] == s["best_eval_loss"]
+
+
+def test_every_packaged_profile_is_found_and_valid():
+    "Each YAML file in dwg/configs is a profile name that profile_path finds and resolve_config accepts."
+    names = config.training_profiles()
+    assert {"embedded", "paper", "tiny"} <= set(names)
+    for name in names:
+        assert config.profile_path(name) == config.configs_dir() / f"{name}.yaml"
+        assert isinstance(config.resolve_config(name), config.TrainConfig)
+    assert config.profile_path("no-such-profile") is None
+
+
+def test_broken_dataset_file_is_named_with_its_line(ds, tmp_path):
+    "A damaged train.jsonl is an error naming the file and the line, raised before anything is trained or written."
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(ds, broken)
+    lines = (broken / "train.jsonl").read_text().splitlines(keepends=True)
+    (broken / "train.jsonl").write_text("".join(lines[:2]) + lines[2][:20] + "\n" + "".join(lines[3:]))
+    with pytest.raises(ValueError, match=r"train\.jsonl, line 3: not valid JSON"):
+        T.train("tiny-llama", broken, tmp_path / "out", **TINY)
+    assert not (tmp_path / "out").exists() and not T.work_dir(tmp_path / "out").exists()

@@ -10,9 +10,8 @@ import torch, yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from . import models
-# load_profile is not used here: dwg.sweep imports it from dwg.train until it imports dwg.config
 from .data import DIRECTIONS, FACT_SPLITS
-from .config import TrainConfig, load_profile, resolve_config, training_profiles
+from .config import TrainConfig, resolve_config, training_profiles
 from .evaluate import first_token_scores, top_k
 from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 
@@ -281,21 +280,8 @@ class _Trainer(Trainer):
                                   seed=self.args.data_seed or self.args.seed)
 
 # %% ../nbs/04_train.ipynb #55b82a7d
-def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction: str = "all", split: str = "all",
-          config="embedded", overrides: dict | None = None, seed: int = 0, force: bool = False,
-          device=None, progress: bool = True, callbacks: list | None = None) -> Path:
-    "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
-    t0, cpu0, load0 = time.time(), time.process_time(), os.getloadavg()
-    out, work = Path(out_dir), work_dir(out_dir)
-    if has_train_summary(out) and not force:
-        print(f"dwg.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
-        return out
-    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
-        raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
-    # --- everything that can be wrong is checked before the model is trained ---
-    cfg = resolve_config(config, overrides)
-    ds = check_dataset_dir(dataset_dir)
-    info = json.loads((ds / "dataset_info.json").read_text())
+def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig) -> dict:
+    "The training, validation and evaluation rows of a dataset directory for one run, checked."
     train_rows = select_rows(read_jsonl(ds / "train.jsonl"), direction, split)
     if not train_rows: raise ValueError(f"No training texts in {ds} for direction={direction!r}, split={split!r}.")
     val_path = ds / "validation.jsonl"
@@ -305,59 +291,95 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                          f"split={split!r}. Set best_by_eval_loss: false.")
     fact_ids = sorted({r["fact_id"] for r in train_rows})
     eval_rows = [r for r in read_jsonl(ds / "eval.jsonl") if r["fact_id"] in set(fact_ids)]
-    dev_type = _device_type(device)
-    precision = resolve_precision(cfg.precision, dev_type)
-    net, tok = models.load(model, device="cpu", seed=0)   # unknown names fail here; the Trainer places the model
-    check_tokenizer(tok, info, eval_rows, net)
-    frozen = freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings)
-    run_config = dict(model=str(model), dataset_dir=str(ds.resolve()), dataset_fingerprint=_dataset_fingerprint(ds),
-                      direction=direction, split=split, seed=seed, config=dataclasses.asdict(cfg))
+    return dict(info=json.loads((ds / "dataset_info.json").read_text()), train=train_rows, validation=val_rows,
+                fact_ids=fact_ids, eval=eval_rows)
+
+def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
+    "Create (or check and resume) the work directory of a run; returns the checkpoint to resume from, if any."
     ckpt_dir = work / "checkpoints"
     if _is_main():  # other processes of a multi-GPU run leave the work directory to the main one
         if force: shutil.rmtree(work, ignore_errors=True)
         if work.exists():
             old = json.loads((work / "run_config.json").read_text()) if (work / "run_config.json").is_file() else None
             if old != run_config:
-                raise ValueError(f"'{work}' holds a partial run with different settings; pass force=True to discard it.")
+                raise ValueError(f"'{work}' holds a partial run with different settings; "
+                                 "pass force=True to discard it.")
         else:
             work.mkdir(parents=True)
             _write_json(work / "run_config.json", run_config)
     resume = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
     if resume: print(f"dwg.train: resuming from {resume}", file=sys.stderr)
-    # --- training ---
-    examples = sample_recall_examples(eval_rows, fact_ids, cfg.recall_facts, seed)
-    args = training_args(cfg, ckpt_dir, seed, precision, use_cpu=dev_type == "cpu", has_eval=bool(val_rows), progress=progress)
-    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
-                      data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
-                      train_dataset=encode_rows(tok, train_rows, cfg.max_length, cfg.answer_only_loss),
-                      eval_dataset=encode_rows(tok, val_rows, cfg.max_length, cfg.answer_only_loss) if args.eval_strategy != "no" else None,
-                      callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
-                                 *(callbacks or [])])
-    result = trainer.train(resume_from_checkpoint=resume)
-    # --- outputs, then the summary, then the rename ---
+    return resume
+
+def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
+    "What `train_summary.json` records of a finished training run."
+    cfg, (t0, cpu0, load0) = run["cfg"], started
+    state = trainer.state
+    return dict(**{k: v for k, v in run["run_config"].items() if k != "config"}, profile=run["profile"],
+                precision=run["precision"], device=run["device"], n_train_texts=len(run["data"]["train"]),
+                n_validation_texts=len(run["data"]["validation"]), n_facts=len(run["data"]["fact_ids"]),
+                n_recall_examples=run["n_recall"], frozen=run["frozen"], global_step=state.global_step,
+                epochs_done=state.epoch, train_loss=result.training_loss, final=epochs[-1] if epochs else {},
+                best_eval_loss=state.best_metric if cfg.best_by_eval_loss else None,
+                best_step=state.best_global_step if cfg.best_by_eval_loss else None, resumed_from=run["resume"],
+                wall_time_s=round(time.time() - t0, 2), train_runtime_s=result.metrics.get("train_runtime"),
+                cpu_time_s=round(time.process_time() - cpu0, 2), cpu_count=os.cpu_count(),
+                load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
+
+def _save_outputs(run: dict, trainer, result, tok, ds: Path, work: Path, out: Path, started: tuple):
+    "Save the model, tokenizer, profile, dataset copy, metrics and summary into `work`, then publish it as `out`."
     trainer.save_model(str(work))
-    if trainer.is_world_process_zero():
-        tok.save_pretrained(str(work))
-        (work / "train_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-        shutil.copytree(ds, work / "dataset", dirs_exist_ok=True)
-        epochs = epoch_metrics(trainer.state.log_history)
-        _write_json(work / "metrics.json", dict(epochs=epochs, log_history=trainer.state.log_history))
-        if not cfg.keep_checkpoints: shutil.rmtree(ckpt_dir, ignore_errors=True)
-        final = epochs[-1] if epochs else {}
-        summary = dict(**{k: v for k, v in run_config.items() if k != "config"}, profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
-                       precision=precision, device=dev_type, n_train_texts=len(train_rows), n_validation_texts=len(val_rows),
-                       n_facts=len(fact_ids), n_recall_examples=len(examples), frozen=frozen,
-                       global_step=trainer.state.global_step, epochs_done=trainer.state.epoch,
-                       train_loss=result.training_loss, final=final,
-                       best_eval_loss=trainer.state.best_metric if cfg.best_by_eval_loss else None,
-                       best_step=trainer.state.best_global_step if cfg.best_by_eval_loss else None, resumed_from=resume,
-                       wall_time_s=round(time.time() - t0, 2), train_runtime_s=result.metrics.get("train_runtime"),
-                       cpu_time_s=round(time.process_time() - cpu0, 2), cpu_count=os.cpu_count(),
-                       load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
-                       finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                       versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
-        _write_json(work / TRAIN_SUMMARY, summary)
-        publish_dir(work, out)
+    if not trainer.is_world_process_zero(): return
+    tok.save_pretrained(str(work))
+    (work / "train_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(run["cfg"]), sort_keys=False))
+    shutil.copytree(ds, work / "dataset", dirs_exist_ok=True)
+    epochs = epoch_metrics(trainer.state.log_history)
+    _write_json(work / "metrics.json", dict(epochs=epochs, log_history=trainer.state.log_history))
+    if not run["cfg"].keep_checkpoints: shutil.rmtree(work / "checkpoints", ignore_errors=True)
+    _write_json(work / TRAIN_SUMMARY, _summary(run, trainer, result, epochs, started))
+    publish_dir(work, out)
+
+def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction: str = "all", split: str = "all",
+          config="embedded", overrides: dict | None = None, seed: int = 0, force: bool = False,
+          device=None, progress: bool = True, callbacks: list | None = None) -> Path:
+    "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
+    started = (time.time(), time.process_time(), os.getloadavg())
+    out, work = Path(out_dir), work_dir(out_dir)
+    if has_train_summary(out) and not force:
+        print(f"dwg.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
+        return out
+    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
+        raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
+    # --- everything that can be wrong is checked before the model is trained ---
+    cfg = resolve_config(config, overrides)
+    ds = check_dataset_dir(dataset_dir)
+    data = _read_training_data(ds, direction, split, cfg)
+    dev_type = _device_type(device)
+    net, tok = models.load(model, device="cpu", seed=0)   # unknown names fail here; the Trainer places the model
+    check_tokenizer(tok, data["info"], data["eval"], net)
+    run = dict(cfg=cfg, data=data, device=dev_type, precision=resolve_precision(cfg.precision, dev_type),
+               frozen=freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
+               profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
+               run_config=dict(model=str(model), dataset_dir=str(ds.resolve()),
+                               dataset_fingerprint=_dataset_fingerprint(ds), direction=direction, split=split,
+                               seed=seed, config=dataclasses.asdict(cfg)))
+    run["resume"] = _prepare_work(work, run["run_config"], force)
+    # --- training ---
+    examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
+    run["n_recall"] = len(examples)
+    args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
+                         has_eval=bool(data["validation"]), progress=progress)
+    encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
+    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
+                       data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
+                       train_dataset=encode(data["train"]),
+                       eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
+                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
+                                  *(callbacks or [])])
+    result = trainer.train(resume_from_checkpoint=run["resume"])
+    _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out
 

@@ -9,14 +9,15 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import yaml
 from . import plans as plans_mod
+from .data import DIRECTIONS
 import dwg
 from . import data
 from .runs import atomic_write, check_outputs, is_finished
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage',
-           'SweepError', 'sweeps_dir', 'sweep_profiles', 'plan_groups', 'resolve_plans', 'sweep_name', 'train_profiles',
-           'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
+           'SweepError', 'sweeps_dir', 'sweep_profiles', 'plan_groups', 'resolve_plans', 'sweep_name', 'load_sweep',
+           'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
            'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph',
            'read_graph', 'sweeps_under', 'resolve_params']
 
@@ -117,16 +118,6 @@ def sweep_name(sweep) -> str:
     "The name of a sweep (profile name, path or dict) without checking it."
     return _read_sweep(sweep)[0].get("name") or "sweep"
 
-def train_profiles() -> list[str]:
-    "Training profiles (dwg/configs/*.yaml, read by dwg.train) usable as `train.config`."
-    return sorted(p.stem for p in (Path(dwg.__file__).parent / "configs").glob("*.yaml"))
-
-def _profile_path(config) -> Path | None:
-    "The YAML file of a training profile name or path, if it exists."
-    for p in (Path(str(config)), Path(dwg.__file__).parent / "configs" / f"{config}.yaml"):
-        if p.suffix == ".yaml" and p.is_file(): return p
-    return None
-
 def _check_models(models, problems):
     "Model names must be known to dwg.models, hub ids (org/name) or existing paths."
     from dwg.models import available   # torch: loaded only when a sweep file is checked
@@ -192,20 +183,20 @@ def _check_grafting_options(sec: dict, where: str, problems: list):
 # %% ../nbs/05_sweep.ipynb #feab02bb
 def _check_train(train: dict, problems: list):
     "The training profile exists and loads, the overrides apply to it (dwg.train's checks), the direction is known."
-    from dwg.train import load_profile, resolve_config   # torch: loaded only when a sweep file is checked
-    cfg, path = train["config"], _profile_path(train["config"])
+    from dwg import config   # transformers: loaded only when a sweep file is checked
+    cfg, path = train["config"], config.profile_path(train["config"])
     if path is None:
-        problems.append(f"train.config: unknown training profile {cfg!r}. Profiles: {', '.join(train_profiles())}; "
-                        "or a YAML path.")
+        problems.append(f"train.config: unknown training profile {cfg!r}. "
+                        f"Profiles: {', '.join(config.training_profiles())}; or a YAML path.")
     if train["overrides"] is not None and not isinstance(train["overrides"], dict):
         problems.append("train.overrides must be a mapping of training profile settings, e.g. {epochs: 2}.")
     elif path is not None:   # the profile's own settings, then the overrides on top
-        try: profile = load_profile(str(path))
+        try: profile = config.load_profile(str(path))
         except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
         else:
-            try: resolve_config(profile, train["overrides"])
+            try: config.resolve_config(profile, train["overrides"])
             except (ValueError, TypeError) as e: problems.append(f"train.overrides: {e}")
-    if train["direction"] not in ("all", "A2B", "B2A"):
+    if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
 
 def _read_sections(raw: dict, problems: list) -> dict:
@@ -287,7 +278,8 @@ def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
 # %% ../nbs/05_sweep.ipynb #e717e9c7
 def _profile_content(config) -> dict | None:
     "The parsed training profile `config` (a name in dwg/configs or a path), for run ids; not its description."
-    p = _profile_path(config)
+    from dwg.config import profile_path   # transformers: loaded only when a sweep is expanded
+    p = profile_path(config)
     return {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
 
 def _needed_models(s: dict, names: list) -> dict:

@@ -55,6 +55,18 @@ def as_list(x):
 
 def finish(**counts):
     write_run_record(out, params, STARTED, counts=counts, pid=os.getpid())
+
+
+def grafting_results(*models, prob=None):
+    "A stand-in grafting run: a made-up rank per plan x fact from the models' values, and the run record."
+    out.mkdir(parents=True, exist_ok=True)
+    facts = [row["fact_id"] for row in read_jsonl(Path(dataset_dir) / "eval.jsonl")]
+    rows = [dict(plan=p, fact_id=f, rank=int(digest(*map(read, models), p, f), 16) % 7,
+                 prob=int(digest(p, f), 16) % 1000 / 1000 if prob is None else prob)
+            for p in as_list(plans) for f in facts]
+    time.sleep(SLEEP)
+    write_jsonl(out / "results.jsonl", rows)
+    finish(rows=len(rows))
 '''
 
 _STANDIN_BODY = {
@@ -79,23 +91,8 @@ for step in range(3):
 (work / "value.txt").write_text(digest(model, read(dataset_dir), split, config, seed))
 publish_dir(work, out)
 finish(steps=3)''',
-    "graft_positions": '''\
-out.mkdir(parents=True, exist_ok=True)
-facts = [row["fact_id"] for row in read_jsonl(Path(dataset_dir) / "eval.jsonl")]
-rows = [dict(plan=p, fact_id=f, rank=int(digest(read(finetuned), p, f), 16) % 7,
-             prob=int(digest(p, f), 16) % 1000 / 1000)
-        for p in as_list(plans) for f in facts]
-time.sleep(SLEEP)
-write_jsonl(out / "results.jsonl", rows)
-finish(rows=len(rows))''',
-    "graft_components": '''\
-out.mkdir(parents=True, exist_ok=True)
-facts = [row["fact_id"] for row in read_jsonl(Path(dataset_dir) / "eval.jsonl")]
-rows = [dict(plan=p, fact_id=f, rank=int(digest(read(task), read(relation), p, f), 16) % 7, prob=0.5)
-        for p in as_list(plans) for f in facts]
-time.sleep(SLEEP)
-write_jsonl(out / "results.jsonl", rows)
-finish(rows=len(rows))''',
+    "graft_positions": "grafting_results(finetuned)",
+    "graft_components": "grafting_results(task, relation, prob=0.5)",
     "figures": '''\
 out.mkdir(parents=True, exist_ok=True)
 found = []

@@ -15,15 +15,22 @@ state() { git ls-files -z --cached --others --exclude-standard -- "$1" | xargs -
 changed() { { diff <(echo "$1") <(echo "$2") || true; } | sed -n 's/^[<>] [0-9a-f]* *//p' | sort -u; }
 
 failed=0
-before=$(state dwg)
-"$export_cmd"
-after=$(state dwg)
-if [ "$before" != "$after" ]; then
-  echo "check_exported: dwg/ is not what the notebooks export; nbdev_export changed:" >&2
-  changed "$before" "$after" | sed 's/^/  /' >&2
-  echo "  Fix: edit nbs/ (never dwg/ by hand), run ./run_all.sh export, commit both nbs/ and dwg/." >&2
-  failed=1
-fi
+# must_not_change DIR PROBLEM FIX CMD: run CMD; if it changed a file under DIR, name the files, the problem and the fix
+must_not_change() {
+  local dir=$1 problem=$2 fix=$3 before after; shift 3
+  before=$(state "$dir")
+  "$@"
+  after=$(state "$dir")
+  if [ "$before" != "$after" ]; then
+    echo "check_exported: $problem; $(basename "$1") changed:" >&2
+    changed "$before" "$after" | sed 's/^/  /' >&2
+    echo "  Fix: $fix" >&2
+    failed=1
+  fi
+}
+
+must_not_change dwg "dwg/ is not what the notebooks export" \
+  "edit nbs/ (never dwg/ by hand), run ./run_all.sh export, commit both nbs/ and dwg/." "$export_cmd"
 
 # a module whose notebook is gone is left behind by nbdev_export: name it
 for py in dwg/*.py; do
@@ -37,15 +44,8 @@ for py in dwg/*.py; do
   fi
 done
 
-before=$(state nbs)
-"$clean_cmd"
-after=$(state nbs)
-if [ "$before" != "$after" ]; then
-  echo "check_exported: notebooks not clean (outputs, execution counts or metadata); nbdev_clean changed:" >&2
-  changed "$before" "$after" | sed 's/^/  /' >&2
-  echo "  Fix: run nbdev_clean (e.g. $clean_cmd), commit the cleaned notebooks." >&2
-  failed=1
-fi
+must_not_change nbs "notebooks not clean (outputs, execution counts or metadata)" \
+  "run nbdev_clean (e.g. $clean_cmd), commit the cleaned notebooks." "$clean_cmd"
 
 if [ "$failed" = 0 ]; then echo "check_exported: dwg/ matches the notebooks and every notebook is clean."; fi
 exit "$failed"

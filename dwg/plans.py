@@ -9,10 +9,11 @@ from dataclasses import asdict, dataclass, field
 from .data import FIELDS
 
 # %% auto #0
-__all__ = ['FIG1', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS', 'FAMILIES',
-           'STAGE_ROLES', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'kept_layers',
-           'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'paper_plans',
-           'plan_groups', 'figure_plans', 'get_plan', 'resolve_plans']
+__all__ = ['FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS',
+           'FAMILIES', 'ROLE_SETS', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan',
+           'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
+           'paper_plans', 'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan',
+           'resolve_plans']
 
 # %% ../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -68,10 +69,11 @@ class GraftPlan:
     layer_group: str | None = None   # layer group (all, last_half, first_quarter, ...)
     variant: str | None = None       # and variant (e.g. hybrid)
     label: str | None = None         # readable name for axes; default: the name
+    references: tuple = ()           # figures that draw this plan as a reference line
 
     def __post_init__(self):
         self.rules = [r if isinstance(r, Rule) else _from_dict(Rule, r, "rule") for r in self.rules]
-        self.figures = tuple(self.figures)
+        self.figures, self.references = tuple(self.figures), tuple(self.references)
 
     def to_dict(self) -> dict: return asdict(self)
     @classmethod
@@ -98,6 +100,7 @@ def kept_layers(layers: list[int], fraction: float, strategy: str = "random", se
 
 # %% ../nbs/02a_plans.ipynb #b84a4560
 FIG1 = ("positions", "generation")             # figure 1 (and 5: whole-name generation)
+BASELINES = (*FIG1, "movie_spans", "depth")      # the figures with PRE and SFT as reference lines
 POSITION_SETS = {   # name: (positions, figures)
     "FE": (["first_actor"], (*FIG1, "movie_spans")), "LT": (["last_token"], (*FIG1, "movie_spans")),
     "FE+LT": (["first_actor", "last_token"], (*FIG1, "movie_spans")),
@@ -114,7 +117,8 @@ QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"
 
 def position_plans() -> list[GraftPlan]:
     "Figures 1, 2 and 5: PRE, SFT, and the fine-tuned model grafted into the pretrained one at each position set."
-    plans = [GraftPlan("PRE", "pretrained", figures=FIG1), GraftPlan("SFT", "finetuned", figures=FIG1)]
+    plans = [GraftPlan("PRE", "pretrained", figures=FIG1, references=BASELINES),
+             GraftPlan("SFT", "finetuned", figures=FIG1, references=BASELINES)]
     return plans + [GraftPlan(name, "pretrained", [Rule("finetuned", pos)], figures=figs, position=name,
                               label=LABELS.get(name)) for name, (pos, figs) in POSITION_SETS.items()]
 
@@ -125,12 +129,13 @@ def reverse_plans() -> list[GraftPlan]:
 
 def _component_references() -> list[GraftPlan]:
     "The task and relation models alone: the reference lines of figure 3."
-    return [GraftPlan("TASK", "task"), GraftPlan("RELATION", "relation")]
+    return [GraftPlan("TASK", "task", references=("components",)),
+            GraftPlan("RELATION", "relation", references=("components",))]
 
 def component_plans() -> list[GraftPlan]:
     "Figure 3: the relation model grafted into the task model at the last token, per component set and layer group."
     fe_lt = GraftPlan("FE+LT:relation->task", "task", [Rule("relation", POSITION_SETS["FE+LT"][0])],
-                      position="FE+LT", label="FE+LT (all)")
+                      position="FE+LT", label="FE+LT (all)", references=("components",))
     return [*_component_references(), fe_lt] + [
         GraftPlan(f"LT:{c}@{lg}", "task", [Rule("relation", ["last_token"], lg, comps)], figures=("components",),
                   position="LT", component_set=c, layer_group=lg)
@@ -154,7 +159,7 @@ FAMILIES = {"position": position_plans, "reverse": reverse_plans, "components": 
             "hybrid": hybrid_plans, "depth": depth_plans}
 
 # %% ../nbs/02a_plans.ipynb #bffc31cd
-STAGE_ROLES = {"all_position": ("pretrained", "finetuned"), "all_components": ("task", "relation")}
+ROLE_SETS = {"position": ("pretrained", "finetuned"), "components": ("task", "relation")}  # what each grafting stage loads
 
 def _family_plans() -> dict[str, list[GraftPlan]]:
     "Each family's plans, by family name."
@@ -175,13 +180,21 @@ def plan_groups() -> dict[str, list[str]]:
     "Named groups of plans usable as `plans:` in a sweep file: each family, and every plan a stage's roles allow."
     groups = {name: [p.name for p in plans] for name, plans in _family_plans().items()}
     catalog = paper_plans()
-    for name, roles in STAGE_ROLES.items():
-        groups[name] = [n for n, p in catalog.items() if set(p.roles) <= set(roles)]
+    for name, roles in ROLE_SETS.items():
+        groups[f"all_{name}"] = [n for n, p in catalog.items() if set(p.roles) <= set(roles)]
     return groups
 
 def figure_plans(figure: str) -> list[GraftPlan]:
     "The plans a figure draws, in the order it draws them."
     return [p for p in paper_plans().values() if figure in p.figures]
+
+def figure_order(figure: str) -> list[str]:
+    "Names of the plans a figure draws, in its order."
+    return [p.name for p in figure_plans(figure)]
+
+def figure_references(figure: str) -> list[str]:
+    "Names of the plans a figure draws as reference lines."
+    return [p.name for p in paper_plans().values() if figure in p.references]
 
 def get_plan(plan) -> GraftPlan:
     "A plan from a name (one of `paper_plans()`), a dict, or a GraftPlan."

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import GraftPlan, figure_plans, paper_plans
+from .plans import GraftPlan, figure_order, figure_plans, figure_references, paper_plans
 from .runs import read_jsonl, run_integrity
 
 # %% auto #0
-__all__ = ['METRIC_COLORS', 'POOLED', 'COMPONENT_REFS', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info',
-           'figure_order', 'component_label', 'layer_label', 'plan_label', 'metric_names', 'bootstrap_interval',
-           'accuracy_table', 'summary_table', 'markdown_table', 'run_keys', 'plan_bars', 'position_chart',
-           'movie_chart', 'generation_chart', 'component_chart', 'depth_heatmap', 'save_chart', 'load_runs',
-           'paper_tables', 'paper_figures', 'report_tables']
+__all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info', 'component_label',
+           'layer_label', 'plan_label', 'metric_names', 'bootstrap_interval', 'accuracy_table', 'summary_table',
+           'markdown_table', 'run_keys', 'plan_bars', 'position_chart', 'movie_chart', 'generation_chart',
+           'component_chart', 'depth_heatmap', 'save_chart', 'load_runs', 'paper_tables', 'paper_figures',
+           'report_tables']
 
 # %% ../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
@@ -26,10 +26,6 @@ _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4
 def plan_info(plan: str) -> GraftPlan | None:
     "The catalogue plan of that name (`dwg.plans.paper_plans()`), or None for a plan the catalogue does not know."
     return paper_plans().get(plan)
-
-def figure_order(figure: str) -> list[str]:
-    "Names of the plans a figure draws, in its order."
-    return [p.name for p in figure_plans(figure)]
 
 def component_label(components: str) -> str:
     "A readable component set: `o+ffn` -> `O+FFN`."
@@ -251,14 +247,14 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
 def position_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                    title: str = "Position grafting: fine-tuned into pretrained", **kw):
     "Figure 1: top-1 and top-k accuracy of PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, not FE, not LT (bootstrap 95% CI)."
-    return plan_bars(df, figure_order("positions"), ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
+    return plan_bars(df, figure_order("positions"), figure_references("positions"), ["top-1", f"top-{k}"], k, templates, title,
                      n_boot=n_boot, seed=seed, what="position-grafting", **kw)
 
 # %% ../nbs/06_plots.ipynb #92b78be8
 def movie_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                 title: str = "Position grafting with the movie span (M)", **kw):
     "Figure 2: M, FE+M, M+LT, FE+M+LT next to FE, LT, FE+LT (top-1, top-k, bootstrap 95% CI; PRE/SFT rules)."
-    return plan_bars(df, figure_order("movie_spans"), ("PRE", "SFT"), ["top-1", f"top-{k}"], k, templates, title,
+    return plan_bars(df, figure_order("movie_spans"), figure_references("movie_spans"), ["top-1", f"top-{k}"], k, templates, title,
                      n_boot=n_boot, seed=seed, what="movie-span", **kw)
 
 # %% ../nbs/06_plots.ipynb #62f3e8c7
@@ -269,11 +265,10 @@ def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1
     else: has = "exact_match" in df and df["exact_match"].notna().any()
     if not has: raise ValueError("No whole-name generation in the results (no exact_match values): run the position "
                                  "grafting with generate=True.")
-    return plan_bars(df, figure_order("generation"), ("PRE", "SFT"), ["top-1", "exact match"], 1, templates, title,
+    return plan_bars(df, figure_order("generation"), figure_references("generation"), ["top-1", "exact match"], 1, templates, title,
                      n_boot=n_boot, seed=seed, what="generation", **kw)
 
 # %% ../nbs/06_plots.ipynb #3ccede53
-COMPONENT_REFS = ("TASK", "RELATION", "FE+LT:relation->task")
 VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components) + LT"}
 
 def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
@@ -289,9 +284,9 @@ def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
     return pd.concat([comp, ref], ignore_index=True)
 
 def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
-                    refs=COMPONENT_REFS, title: str = "Component grafting at the last token: relation into task model"):
+                    refs=None, title: str = "Component grafting at the last token: relation into task model"):
     "Figure 3: accuracy of grafting each component set at LT, all vs last-half layers, with TASK/RELATION rules."
-    drawn = figure_plans("components")
+    drawn, refs = figure_plans("components"), figure_references("components") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
     acc = _with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
     _need(acc, "component", ["LT:<components>@<layers>"])
@@ -348,9 +343,9 @@ def _ref_text(acc: pd.DataFrame, refs, metrics) -> str:
     return " · ".join(parts)
 
 def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
-                  refs=("PRE", "SFT"), title: str = "Where in depth: one layer quarter × component group"):
+                  refs=None, title: str = "Where in depth: one layer quarter × component group"):
     "Figure 4: heatmap of accuracy grafting each layer quarter (rows) x component group (columns) at FE and at LT."
-    drawn = figure_plans("depth")
+    drawn, refs = figure_plans("depth"), figure_references("depth") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
     acc = _with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
     _need(acc, "depth", ["FE:<group>@<quarter>", "LT:<group>@<quarter>"])
@@ -458,7 +453,8 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
     acc = df if "accuracy" in df else paper_tables(df, k, n_boot, seed)["pooled"]
     if "template" in acc and acc.template.nunique() > 1:
         raise ValueError("report_tables wants prompts pooled: pass raw results or paper_tables(...)['pooled'].")
-    comp = [*COMPONENT_REFS[:2], *figure_order("components"), COMPONENT_REFS[2]]
+    refs = figure_references("components")   # the models alone first, the all-component graft last (as figure 3)
+    comp = [*refs[:2], *figure_order("components"), *refs[2:]]
     out = {}
     for name, plans in [("positions", figure_order("positions")), ("components", comp)]:
         a = acc[acc.plan.isin(plans)]

@@ -12,14 +12,14 @@ from . import plans as plans_mod
 from .data import DIRECTIONS
 import dwg
 from . import data
-from .runs import atomic_write, check_outputs, is_finished
+from .runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage',
-           'SweepError', 'sweeps_dir', 'sweep_profiles', 'plan_groups', 'resolve_plans', 'sweep_name', 'load_sweep',
-           'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
-           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph',
-           'read_graph', 'sweeps_under', 'resolve_params']
+           'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run', 'run_id',
+           'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters',
+           'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph',
+           'sweeps_under', 'resolve_params']
 
 # %% ../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class Stage:
 STAGES = {s.name: s for s in [
     Stage("datasets", "create_dataset", out="dataset"),
     Stage("models", "train", out="model", resumable=True),
-    Stage("graft_positions", "graft_positions", roles=("pretrained", "finetuned")),
-    Stage("graft_components", "graft_components", roles=("task", "relation")),
+    Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
+    Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
     Stage("figures", "figures")]}
 STAGE_ORDER = list(STAGES)
 
@@ -65,11 +65,7 @@ def sweep_profiles() -> list[str]:
     return sorted(p.stem for p in sweeps_dir().glob("*.yaml"))
 
 # %% ../nbs/05_sweep.ipynb #7e7afb7c
-def plan_groups() -> dict[str, list[str]]:
-    "Named groups of plans usable as `plans:` in a sweep file (`dwg.plans.plan_groups`)."
-    return plans_mod.plan_groups()
-
-def resolve_plans(plans, stage: str, where: str) -> list[str]:
+def stage_plans(plans, stage: str, where: str) -> list[str]:
     "Plan names for `stage` from a group name or a list of plan and group names; a `SweepError` if one cannot run."
     try: return plans_mod.resolve_plans(plans, STAGES[stage].roles, where, provider=stage)
     except ValueError as e: raise SweepError(str(e)) from None
@@ -218,7 +214,7 @@ def _check_sections(s: dict, problems: list):
         problems.append("train: is off, but the grafting sections need trained models.")
     for sec in ("graft_positions", "graft_components"):
         if not s[sec]: continue
-        try: s[sec]["plans"] = resolve_plans(s[sec]["plans"], sec, f"{sec}.plans")
+        try: s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
         except SweepError as e: problems.append(str(e))
         s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems)
         _check_grafting_options(s[sec], sec, problems)
@@ -453,7 +449,7 @@ def read_graph(path) -> dict:
     p = Path(path)
     if p.suffix != ".json": p = p / "sweep.json"
     if not p.is_file(): raise SweepError(f"No sweep graph at {p}: nothing was run with --runs {p.parent} yet.")
-    return json.loads(p.read_text())
+    return read_json(p)
 
 def sweeps_under(root) -> list[Path]:
     "Every runs directory under `root` (one holding a `sweep.json`), sorted; runs directories are not searched."

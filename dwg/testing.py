@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .plans import figure_plans, paper_plans, plan_groups
+from .plans import figure_order, figure_references, figure_plans, paper_plans
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
@@ -128,14 +128,6 @@ def standin_notebooks(dest) -> Path:
     return dest
 
 # %% ../nbs/09_testing.ipynb #663d512e
-def _figure_order(figure: str) -> list[str]:
-    "Names of the plans a figure draws, in its order."
-    return [p.name for p in figure_plans(figure)]
-
-def _component_references() -> list[str]:
-    "The component group's plans that figure 3 draws as reference lines (TASK, RELATION, FE+LT)."
-    return [n for n in plan_groups()["components"] if "components" not in paper_plans()[n].figures]
-
 _SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,
                "M": .05, "FE+M": .4, "M+LT": .35, "FE+M+LT": .92, "TASK": .02, "RELATION": .93, "FE+LT:relation->task": .85}
 _SYNTH_COMPONENTS = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}
@@ -157,7 +149,7 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside
                       skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
     "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
     rng = np.random.default_rng(seed)
-    plans = list(plans or dict.fromkeys(_figure_order("positions") + _figure_order("movie_spans")))
+    plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
     rows = []
     for plan in plans:
         p1 = min(1.0, _synthetic_top1(plan) * p_scale)
@@ -181,10 +173,10 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside
 def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "costar"), seed: int = 0,
                             model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    depth = _figure_order("depth")
-    positions = list(dict.fromkeys(_figure_order("positions") + _figure_order("movie_spans"))) + depth
+    depth = figure_order("depth")
+    positions = list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + depth
     pos = synthetic_results(positions, n_facts, templates, model, dataset, "positions", skip_rate=0.02, seed=seed)
-    components = [*_component_references(), *_figure_order("components")]
+    components = [*figure_references("components"), *figure_order("components")]
     comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,
                              seed=seed + 1)
     return pd.concat([pos, comp], ignore_index=True)

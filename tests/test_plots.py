@@ -7,6 +7,7 @@ import pytest
 
 from unittest.mock import patch
 from dwg import plots, sweep, testing
+from dwg import plans
 from dwg.plans import FAMILIES, QUARTERS, GraftPlan, Rule
 
 NB = Path(__file__).resolve().parents[1] / "nbs" / "experiments" / "figures.ipynb"
@@ -100,7 +101,7 @@ def _write_run(d: Path, rows: pd.DataFrame, finished=True):
 
 def test_figures_notebook(tmp_path, results):
     "The figures notebook reads finished runs only, saves every figure and writes tables that match accuracy_table."
-    pm = pytest.importorskip("papermill")
+    import papermill as pm
     runs, out = tmp_path / "runs", tmp_path / "figs"
     pos = results[results.experiment == "positions"]
     _write_run(runs / "results" / "pos1", pos)
@@ -128,7 +129,7 @@ def test_figures_notebook(tmp_path, results):
 
 def test_figures_notebook_no_results(tmp_path):
     "With no finished results it fails clearly when synthetic='never' (the demo mode is run by nbdev_test)."
-    pm = pytest.importorskip("papermill")
+    import papermill as pm
     with pytest.raises(pm.PapermillExecutionError, match="No finished results"):
         pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
                             parameters=dict(runs_dir=str(tmp_path), out_dir=str(tmp_path / "f"), synthetic="never"),
@@ -146,11 +147,11 @@ def test_a_new_plan_family_is_one_edit():
     position stage, and a column of the depth figure; nothing in dwg.sweep or dwg.plots changes."""
     with patch.dict(FAMILIES, movie_depth=_movie_depth_family):
         names = [f"M:ffn@{q}" for q in QUARTERS]
-        assert sweep.plan_groups()["movie_depth"] == names
-        assert sweep.resolve_plans(["movie_depth"], "graft_positions", "test") == names
-        df = testing.synthetic_results(names + testing._figure_order("depth") + ["PRE", "SFT"], n_facts=6)
+        assert plans.plan_groups()["movie_depth"] == names
+        assert sweep.stage_plans(["movie_depth"], "graft_positions", "test") == names
+        df = testing.synthetic_results(names + plans.figure_order("depth") + ["PRE", "SFT"], n_facts=6)
         d = plots.depth_heatmap(df, n_boot=20).to_dict()
         assert d["facet"]["column"]["sort"] == ["graft at FE", "graft at LT", "graft at M"]
         drawn = pd.DataFrame(list(d["datasets"].values())[0])
         assert set(drawn[drawn.position == "graft at M"].plan) == set(names)
-    assert "movie_depth" not in sweep.plan_groups()
+    assert "movie_depth" not in plans.plan_groups()

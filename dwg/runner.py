@@ -6,7 +6,7 @@
 from __future__ import annotations
 import contextlib, fcntl, json, os, shutil, signal, sys, time
 from pathlib import Path
-from .runs import atomic_write, check_outputs, is_finished, read_progress, PROGRESS_FILE_VAR
+from .runs import atomic_write, check_outputs, is_finished, read_json, read_progress, PROGRESS_FILE_VAR
 from .sweep import (STAGES, Run, Stage, SweepError, graph_runs, is_done, read_graph, resolve_params, run_paths,
                        run_state)
 
@@ -47,7 +47,7 @@ def _prepare_tmp(p: dict, stage: Stage) -> int:
     attempt = 1
     if tmp.exists():
         info = tmp / "sweep_run.json"
-        attempt = (json.loads(info.read_text()).get("attempt", 0) + 1) if info.is_file() else 2
+        attempt = (read_json(info).get("attempt", 0) + 1) if info.is_file() else 2
         if stage.resumable:
             (tmp / "FAILED").unlink(missing_ok=True)
             if p["notebook"].exists(): os.replace(p["notebook"], tmp / f"notebook.attempt-{attempt - 1}.ipynb")
@@ -171,11 +171,16 @@ def _status_item(runs_dir, r: Run, cancelled: dict, logs: dict) -> dict:
     if st in ("failed", "interrupted"):
         log = logs[r.key] if r.key in logs and not p["log"].exists() else p["log"]
         item.update(notebook=str(p["notebook"]), log=str(log))
-        if (p["tmp"] / "FAILED").is_file(): item["error"] = json.loads((p["tmp"] / "FAILED").read_text())["error"]
+        if (p["tmp"] / "FAILED").is_file(): item["error"] = _failure(p["tmp"] / "FAILED")
     if st == "corrupt": item["error"] = check_outputs(p["out"])[0]
     if st == "cancelled": item["reason"] = cancelled[r.key]
     if st == "running": item["progress"] = progress_line(runs_dir, r)
     return item
+
+def _failure(path) -> str:
+    "The error message a run's FAILED marker holds, or why it cannot be read."
+    try: return read_json(path)["error"]
+    except (ValueError, KeyError) as e: return f"(unreadable {path}: {e})"
 
 def status(runs_dir, graph: dict | None = None, cancelled: dict | None = None, logs: dict | None = None) -> dict:
     "Per stage: the runs in each state; failed ones with their notebook and log, corrupt ones with the first problem."

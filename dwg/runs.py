@@ -9,7 +9,7 @@ from pathlib import Path
 import dwg
 
 # %% auto #0
-__all__ = ['PROGRESS_FILE_VAR', 'RECORD', 'NOT_OUTPUTS', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl',
+__all__ = ['PROGRESS_FILE_VAR', 'RECORD', 'NOT_OUTPUTS', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json',
            'report_progress', 'read_progress', 'git_commit', 'file_digest', 'output_digests', 'write_run_record',
            'is_finished', 'check_outputs', 'run_integrity']
 
@@ -53,6 +53,14 @@ def read_jsonl(path) -> list[dict]:
             raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). The file is damaged "
                              "(truncated or edited by hand): recreate it, e.g. by rerunning the run that wrote it.") from None
     return rows
+
+# %% ../nbs/08_runs.ipynb #a74625d2
+def read_json(path):
+    "Read a JSON file; a damaged one is an error naming the file."
+    try: return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}). The file is damaged (truncated or "
+                         "edited by hand): restore or delete it.") from None
 
 # %% ../nbs/08_runs.ipynb #b2d1f8e3
 PROGRESS_FILE_VAR = "DWG_PROGRESS_FILE"

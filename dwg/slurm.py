@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os, shlex, shutil, subprocess, sys, time
 from pathlib import Path
 from tqdm import tqdm
-from .runs import atomic_write
+from .runs import atomic_write, read_json
 from .sweep import SECTIONS, STAGE_ORDER, SweepError, graph_runs, is_done, read_graph, run_state, save_graph
 from .runner import ProgressNote, running_text, status
 
@@ -77,7 +77,7 @@ def _check_previous(runs_dir: Path):
     "A `SweepError` if the last submission to `runs_dir` still has jobs in the queue."
     last = runs_dir / ".sweep" / "slurm-last.json"
     if not last.is_file(): return
-    prev = json.loads(last.read_text())
+    prev = read_json(last)
     jobs = [s["job_id"] for s in prev["stages"].values()]
     if (q := _queued(jobs)):
         raise SweepError(f"A previous submission ({prev['dir']}) still has jobs in the queue: {q[:3]}... "
@@ -140,7 +140,7 @@ def _job_state(job_id: str) -> tuple[str, str]:
 def _last_submission(runs_dir) -> dict | None:
     "The record of the last Slurm submission to `runs_dir`, if any."
     last = Path(runs_dir) / ".sweep" / "slurm-last.json"
-    return json.loads(last.read_text()) if last.is_file() else None
+    return read_json(last) if last.is_file() else None
 
 def slurm_logs(runs_dir) -> dict:
     "{run key: its Slurm output file} for the last submission."

@@ -1,7 +1,6 @@
 "Fine-tuning (dwg.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
 import json, os
 os.environ["HF_HUB_OFFLINE"] = "1"
-from pathlib import Path
 import pytest, torch
 from transformers import TrainerCallback
 from dwg import config, data, models, train as T

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, json, signal, sys, time
 from pathlib import Path
-from .sweep import (SLURM_KEYS, SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
+from .sweep import (SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
                        sweep_name, sweep_profiles, sweeps_under)
 from .runner import RunBusy, format_status, interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_redo
 from .local import fmt_seconds, run_local, stage_summary
@@ -94,7 +94,7 @@ def _prepare(args) -> tuple[dict, dict]:
 def _run_slurm(args, graph: dict) -> int:
     "`run --slurm`: submit (or write the scripts), save the graph, optionally wait and print the status."
     rd = Path(graph["runs_dir"])
-    rec = submit_slurm(graph, {k: getattr(args, k) for k in SLURM_KEYS[:-1]}, dry_run=args.dry_run)
+    rec = submit_slurm(graph, {k: getattr(args, k) for k in _SLURM_OPTIONS}, dry_run=args.dry_run)
     save_graph(graph)
     for st, s in rec["stages"].items():
         after = f" after {','.join(s['depends_on'])}" if s["depends_on"] else ""

@@ -15,20 +15,23 @@ __all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENT
 _LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
                     gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj",
                     ln1="input_layernorm", ln2="post_attention_layernorm")
+_LLAMA_BLOCKS = dict(attn="self_attn", mlp="mlp")   # the attention and MLP sub-blocks of a layer (activation patching)
 ARCHITECTURES = {
-    "llama": dict(layers="model.layers", ln_final="model.norm", layer=_LLAMA_LAYER),
-    "gemma2": dict(layers="model.layers", ln_final="model.norm",  # sandwich norms (Gemma 2 and 3)
+    "llama": dict(layers="model.layers", ln_final="model.norm", layer=_LLAMA_LAYER, blocks=_LLAMA_BLOCKS),
+    "gemma2": dict(layers="model.layers", ln_final="model.norm", blocks=_LLAMA_BLOCKS,  # sandwich norms (Gemma 2, 3)
                    layer={**_LLAMA_LAYER, "ln2": "pre_feedforward_layernorm", "ln_post_attn": "post_attention_layernorm",
                           "ln_post_ffn": "post_feedforward_layernorm", "q_norm": "self_attn.q_norm",
                           "k_norm": "self_attn.k_norm"}),
-    "olmo2": dict(layers="model.layers", ln_final="model.norm",  # norms after each block, plus q/k norms
+    "olmo2": dict(layers="model.layers", ln_final="model.norm", blocks=_LLAMA_BLOCKS,  # norms after blocks, q/k norms
                   layer={**{k: v for k, v in _LLAMA_LAYER.items() if k not in ("ln1", "ln2")},
                          "ln1": "post_attention_layernorm", "ln2": "post_feedforward_layernorm",
                          "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}),
     "gpt2": dict(layers="transformer.h", ln_final="transformer.ln_f", pos_embed="transformer.wpe",
+                 blocks=dict(attn="attn", mlp="mlp"),
                  layer=dict(q=("attn.c_attn", "cols:0/3"), k=("attn.c_attn", "cols:1/3"), v=("attn.c_attn", "cols:2/3"),
                             o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", ln1="ln_1", ln2="ln_2")),
     "gpt_neox": dict(layers="gpt_neox.layers", ln_final="gpt_neox.final_layer_norm",
+                     blocks=dict(attn="attention", mlp="mlp"),
                      layer=dict(q=("attention.query_key_value", "heads:0/3"), k=("attention.query_key_value", "heads:1/3"),
                                 v=("attention.query_key_value", "heads:2/3"), o="attention.dense",
                                 up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",

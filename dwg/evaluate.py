@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from .data import load_split, token_positions
 from .models import load
 from .graft import graft, resolve_layers
+from .patch import patch
 from .plans import get_plan, resolve_positions, kept_layers, MissingSpan
 from .runs import report_progress, write_jsonl, write_run_record
 
@@ -109,13 +110,14 @@ def _bind(plan, models: dict) -> tuple:
     return models[plan.base], [models[r.donor] for r in plan.rules]
 
 def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0) -> ExitStack:
-    "An ExitStack holding one `graft` context per rule of `plan` (enter it with `with`)."
+    "An ExitStack holding one `graft` (or `patch`) context per rule of `plan` (enter it with `with`)."
     base, donors = _bind(plan, models)
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
         layers = resolve_layers(rule.layers, base.config.num_hidden_layers)
         layers = kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
-        stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
+        if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites))
+        else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
 
 # %% ../nbs/03_evaluate.ipynb #b9544b72
@@ -151,7 +153,8 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
     "Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns)."
     width = batch["input_ids"].shape[1]
     start = min(first_grafted_column(masks, width), width - 1)
-    cache = prefix.take(start) if prefix is not None else None
+    # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
+    cache = prefix.take(start) if prefix is not None and not plan.patches else None
     if cache is None: start = 0
     with grafted(plan, models, masks, seed):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -54,8 +54,8 @@ def _hidden_states(args: tuple, kwargs: dict):
     "A decoder layer's input hidden states, passed positionally or by name."
     return args[0] if args else kwargs["hidden_states"]
 
-def _record(donor, targets: dict, args: tuple, kwargs: dict) -> dict:
-    "Run `donor` on the recipient's inputs and return its activation at each (site, layer) of `targets`."
+def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, object]:
+    "Run `donor` on the recipient's inputs; its activation at each (site, layer) of `targets`, and its output."
     acts, handles = {}, []
     def keep(key, value): acts[key] = value.detach()
     try:
@@ -64,10 +64,10 @@ def _record(donor, targets: dict, args: tuple, kwargs: dict) -> dict:
                 handles.append(module.register_forward_pre_hook(
                     lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True))
             else: handles.append(module.register_forward_hook(lambda m, a, out, key=key: keep(key, _first(out))))
-        with torch.no_grad(): donor(*args, **kwargs)
+        with torch.no_grad(): out = donor(*args, **kwargs)
     finally:
         for h in handles: h.remove()
-    return acts
+    return acts, out
 
 def _spliced(x: torch.Tensor, donor_x: torch.Tensor, mask: torch.Tensor, cols) -> torch.Tensor:
     "`x` with the donor's values at the masked positions (only columns `cols` of a fused projection)."
@@ -82,13 +82,28 @@ def _replace_first(out, value):
     return (value, *out[1:]) if isinstance(out, tuple) else value
 
 # %% ../nbs/02b_patch.ipynb #ce529c0d
+_DONOR_CACHES = "_dwg_donor_caches"   # attribute of a recipient's KV cache: the donors' caches of the same tokens
+
 def _donor_pass(donor, targets: dict, state: dict):
     "A forward pre-hook on the recipient: run the donor on the same inputs and keep its activations in `state`."
     def hook(module, args, kwargs):
-        if kwargs.get("past_key_values") is not None:
-            raise ValueError("patch: this forward brings a KV cache (past_key_values); the donor would need its own "
-                             "matching cache. Run the full sequence without a cache inside `patch`.")
-        state["acts"] = _record(donor, targets, args, kwargs)
+        cache = kwargs.get("past_key_values")
+        if cache is not None:   # a continued sequence: the donor continues its own cache of the same tokens
+            paired = getattr(cache, _DONOR_CACHES, {}).get(id(donor))
+            if paired is None:
+                raise ValueError("patch: this forward continues a KV cache (past_key_values) that was not made inside "
+                                 "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
+                                 "sequence inside `patch` (its cache can then be continued).")
+            kwargs = {**kwargs, "past_key_values": paired}
+        state["acts"], out = _record(donor, targets, args, kwargs)
+        state["donor_cache"] = getattr(out, "past_key_values", None)
+    return hook
+
+def _pair_caches(donor, state: dict):
+    "A forward hook on the recipient: attach the donor's KV cache to the recipient's, so generation can continue both."
+    def hook(module, args, out):
+        mine, theirs = getattr(out, "past_key_values", None), state.pop("donor_cache", None)
+        if mine is not None and theirs is not None: mine.__dict__.setdefault(_DONOR_CACHES, {})[id(donor)] = theirs
     return hook
 
 def _splice_hooks(targets: dict, mask: torch.Tensor, state: dict) -> list:
@@ -116,7 +131,8 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",)):
     state = {}
     handles = [recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True),
                recipient.register_forward_pre_hook(_donor_pass(donor, {k: _site_module(donor, *k) for k in keys},
-                                                               state), with_kwargs=True)]
+                                                               state), with_kwargs=True),
+               recipient.register_forward_hook(_pair_caches(donor, state))]
     try:
         handles += _splice_hooks({k: _site_module(recipient, *k) for k in keys}, mask, state)
         yield recipient

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from .data import FIELDS
 
 # %% auto #0
-__all__ = ['FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS', 'QUARTERS',
-           'FAMILIES', 'ROLE_SETS', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan',
-           'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
-           'paper_plans', 'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan',
+__all__ = ['METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS',
+           'QUARTERS', 'FAMILIES', 'ROLE_SETS', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule',
+           'GraftPlan', 'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans',
+           'depth_plans', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan',
            'resolve_plans']
 
 # %% ../nbs/02a_plans.ipynb #e093d649
@@ -46,16 +46,24 @@ def check_positions(spec):
                              f"({', '.join(FIELDS)}); a list is their union, {{not: [...]}} the complement.")
 
 # %% ../nbs/02a_plans.ipynb #78a6de28
+METHODS = ("graft", "patch")
+
 @dataclass
 class Rule:
-    "Use `donor`'s weights at `positions` for `layers` x `components`."
+    "At `positions`, graft `donor`'s weights for `layers` x `components`, or patch its activations at `sites`."
     donor: str
     positions: object = "all"
     layers: object = "all"
     components: object = "all"
     layer_dropout: float = 0.0
     dropout_strategy: str = "random"
-    def __post_init__(self): check_positions(self.positions)
+    method: str = "graft"            # graft: the donor's weights (dwg.graft); patch: its activations (dwg.patch)
+    sites: object = "resid_post"     # what `patch` replaces (ignored by `graft`)
+
+    def __post_init__(self):
+        check_positions(self.positions)
+        if self.method not in METHODS:
+            raise ValueError(f"Unknown method '{self.method}' in a rule: use 'graft' (weights) or 'patch' (activations).")
 
 @dataclass
 class GraftPlan:
@@ -82,6 +90,8 @@ class GraftPlan:
     def roles(self) -> list[str]: return list(dict.fromkeys([self.base, *[r.donor for r in self.rules]]))
     @property
     def display(self) -> str: return self.label or self.name
+    @property
+    def patches(self) -> bool: return any(r.method == "patch" for r in self.rules)
 
 def _from_dict(cls, d: dict, what: str):
     "Build a dataclass from a dict; unknown keys are an error that names them."

@@ -155,3 +155,32 @@ def test_embedded_model_matches_nnsight():
     real = batch["attention_mask"].bool()
     want = nnsight_patched_logits(rec, don, tok, batch, mask, layers, sites)
     _assert_same(_dwg_patched_logits(rec, don, batch, mask, layers, sites)[real], want[real])
+
+
+def test_patching_plans_run_through_evaluation(tmp_path):
+    """A patching plan scored by dwg.evaluate (batched, padded, whole-name generation through the KV cache) equals
+    patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
+    from dwg.data import create_dataset, load_split
+    from dwg.evaluate import evaluate_plans, target_token_ids
+    from dwg.plans import GraftPlan, Rule
+    rec, tok = load("tiny-llama")
+    don, _ = load("tiny-llama", seed=1)
+    exs = load_split(create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds"), "eval")[:6]
+    plan = GraftPlan("LT:patch", "pretrained", [Rule("finetuned", ["last_token"], "last_half", method="patch",
+                                                     sites=["resid_post", "attn_out"])])
+    rows = evaluate_plans([plan, "PRE"], dict(pretrained=rec, finetuned=don), tok, exs, batch_size=4, progress=False,
+                          generate=True, generated="last_token")
+    for row, ex in zip([r for r in rows if r["plan"] == "LT:patch"], exs):
+        seq = tok(ex["prompt"], return_tensors="pt")["input_ids"]
+        first, n_new, out = seq.shape[1] - 1, len(target_token_ids(tok, ex["prompt"], ex["target"])), []
+        with torch.no_grad():
+            for t in range(n_new):
+                mask = torch.zeros_like(seq, dtype=torch.bool)
+                mask[:, first:] = True   # the last prompt token, then every generated one ("last_token")
+                with patch(rec, don, mask, layers=[2, 3], sites=["resid_post", "attn_out"]):
+                    logits = rec(input_ids=seq).logits[0, -1]
+                if t == 0: prob = logits.softmax(-1)[row["target_id"]].item()
+                out.append(int(logits.argmax()))
+                seq = torch.cat([seq, logits.argmax().view(1, 1)], 1)
+        assert abs(row["prob"] - prob) < 1e-5
+        assert row["generated"] == tok.decode(out)

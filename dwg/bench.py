@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .models import load, checkpoint_dir
 from .data import create_dataset, load_split
 from .evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
+from .patch import patch
 from .plans import get_plan, plan_groups
 
 # %% auto #0
@@ -165,6 +166,15 @@ def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list)
     res["unpadded_shape"] = f"{len(real)} x {width}"
     return plain, engine
 
+def _time_patching(res: dict, base, donor, prep: dict, masks: list, plain):
+    "An activation-patched forward (every layer's residual stream at the masked positions) against donor + plain."
+    def patched():
+        with patch(base, donor, masks[0], sites="resid_post"): return last_logits(base, prep["batch"])
+    t = _median_times(dict(plain=plain, patched=patched, donor=lambda: last_logits(donor, prep["batch"])))
+    res["patched_forward_s"], res["donor_forward_s"], res["plain_forward_s_patch_round"] = t["patched"], t["donor"], \
+        t["plain"]   # the plain forward timed in this round, interleaved with these two
+    res["patched_over_donor_plus_plain"] = t["patched"] / (t["donor"] + t["plain"])
+
 def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine, n_original: int):
     "The original algorithm on `n_original` examples against the engine and a plain forward on their batch."
     fast, maxdp, slow_s, fast_s, plain_s = engine().softmax(-1), 0.0, [], [], []
@@ -216,6 +226,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     res["peak_rss_mb_engine"], res["rss_code_loaded_mb"] = _rss_mb(), rss0
     res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
     res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
+    _time_patching(res, base, don, prep, masks, plain)   # after the memory reading: patching is not grafting
     _time_original(res, base, don, prep, masks, plain, engine, n_original)
     sweep_plans, sweep_exs = plan_groups()["position"], exs[:n_facts]
     t = time.perf_counter()

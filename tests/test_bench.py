@@ -17,6 +17,8 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path, capsys):
     # the printed ratios are the ratios of the printed times (what the README quotes)
     assert math.isclose(res["speedup_per_example"], res["original_s_per_example"] / res["engine_s_per_example"])
     assert math.isclose(res["grafted_over_plain"], res["grafted_forward_s"] / res["plain_forward_s"])
+    assert math.isclose(res["patched_over_donor_plus_plain"],
+                        res["patched_forward_s"] / (res["donor_forward_s"] + res["plain_forward_s_patch_round"]))
     assert math.isclose(res["peak_rss_over_weights"], res["peak_rss_mb_engine"] / res["weights_mb"])
     assert res["added_rss_over_weights"] < res["peak_rss_over_weights"]
     assert 0 < res["grafted_fraction"] <= 1 and 0 <= res["padding_fraction"] < 1

@@ -10,10 +10,10 @@ from .data import FIELDS
 
 # %% auto #0
 __all__ = ['METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS',
-           'QUARTERS', 'FAMILIES', 'ROLE_SETS', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule',
-           'GraftPlan', 'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans',
-           'depth_plans', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan',
-           'resolve_plans']
+           'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'ROLE_SETS', 'MissingSpan',
+           'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'kept_layers', 'position_plans',
+           'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plans', 'paper_plans',
+           'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan', 'resolve_plans']
 
 # %% ../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -110,7 +110,7 @@ def kept_layers(layers: list[int], fraction: float, strategy: str = "random", se
 
 # %% ../nbs/02a_plans.ipynb #b84a4560
 FIG1 = ("positions", "generation")             # figure 1 (and 5: whole-name generation)
-BASELINES = (*FIG1, "movie_spans", "depth")      # the figures with PRE and SFT as reference lines
+BASELINES = (*FIG1, "movie_spans", "depth", "methods")   # the figures with PRE and SFT as reference lines
 POSITION_SETS = {   # name: (positions, figures)
     "FE": (["first_actor"], (*FIG1, "movie_spans")), "LT": (["last_token"], (*FIG1, "movie_spans")),
     "FE+LT": (["first_actor", "last_token"], (*FIG1, "movie_spans")),
@@ -165,8 +165,26 @@ def depth_plans() -> list[GraftPlan]:
                       figures=("depth",), position=pos, component_set=g, layer_group=q)
             for pos in ("FE", "LT") for g, comps in DEPTH_GROUPS.items() for q in QUARTERS]
 
+COMPARED_METHODS = {   # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
+    "graft": ("graft", ["attn", "ffn"]), "graft-attn": ("graft", ["attn"]), "graft-ffn": ("graft", ["ffn"]),
+    "patch-resid": ("patch", ["resid_post"]), "patch-blocks": ("patch", ["attn_out", "mlp_out"])}
+METHOD_POSITIONS = ["FE", "LT", "FE+LT", "(FE+LT)^C"]
+
+def method_plans() -> list[GraftPlan]:
+    "Grafting vs activation patching: each method at FE, LT, FE+LT, (FE+LT)^C in one layer quarter (PRE/SFT too)."
+    plans = [p for p in position_plans() if p.name in ("PRE", "SFT")]
+    for m, (method, what) in COMPARED_METHODS.items():
+        for pos in METHOD_POSITIONS:
+            for q in QUARTERS:
+                key = "components" if method == "graft" else "sites"
+                rule = Rule("finetuned", POSITION_SETS[pos][0], q, method=method, **{key: what})
+                plans.append(GraftPlan(f"{m}:{pos}@{q}", "pretrained", [rule], figures=("methods",), position=pos,
+                                       component_set="+".join(what), layer_group=q, variant=m,
+                                       label=f"{m} at {LABELS.get(pos, pos)}"))
+    return plans
+
 FAMILIES = {"position": position_plans, "reverse": reverse_plans, "components": component_plans,
-            "hybrid": hybrid_plans, "depth": depth_plans}
+            "hybrid": hybrid_plans, "depth": depth_plans, "methods": method_plans}
 
 # %% ../nbs/02a_plans.ipynb #bffc31cd
 ROLE_SETS = {"position": ("pretrained", "finetuned"), "components": ("task", "relation")}  # what each grafting stage loads

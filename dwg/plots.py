@@ -17,8 +17,8 @@ from .runs import read_jsonl, run_integrity
 __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info', 'component_label',
            'layer_label', 'plan_label', 'metric_names', 'bootstrap_interval', 'accuracy_table', 'summary_table',
            'markdown_table', 'run_keys', 'plan_bars', 'position_chart', 'movie_chart', 'generation_chart',
-           'component_chart', 'depth_heatmap', 'save_chart', 'load_runs', 'paper_tables', 'paper_figures',
-           'report_tables']
+           'component_chart', 'depth_heatmap', 'methods_chart', 'save_chart', 'load_runs', 'paper_tables',
+           'paper_figures', 'report_tables']
 
 # %% ../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
@@ -377,6 +377,39 @@ def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     refs_of = lambda a: "references: " + (_ref_text(acc[acc.run.isin(a.run)], refs, metrics) or "none")
     return _by_run(heat, make, title, refs_of, param)
 
+# %% ../nbs/06_plots.ipynb #6eac64da
+def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
+                  refs=None, title: str = "Grafting vs activation patching, one layer quarter at a time"):
+    "Accuracy per layer quarter (x), a line per position, a panel per method; PRE and SFT in the subtitle."
+    drawn, refs = figure_plans("methods"), figure_references("methods") if refs is None else refs
+    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
+    acc = _with_plans(_accuracy(df, [*plans, *refs], k, "pool", n_boot, seed), plans)
+    _need(acc, "methods", ["graft:<position>@<quarter>", "patch-resid:<position>@<quarter>"])
+    metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
+    acc = acc[acc.metric.isin(metrics)]
+    info = acc.plan.map(plan_info)
+    keep = info.map(lambda p: p is not None and "methods" in p.figures)
+    rows = acc[keep].assign(method=info[keep].map(lambda p: p.variant),
+                            position=info[keep].map(lambda p: plan_label(p.position)),
+                            layers=info[keep].map(lambda p: layer_label(p.layer_group)))
+    order = lambda values: list(dict.fromkeys(values))
+    methods = [m for m in order(q.variant for q in drawn) if m in set(rows.method)]
+    positions = order(plan_label(q.position) for q in drawn)
+    x = alt.X("layers:N", sort=order(layer_label(q.layer_group) for q in drawn), title="layers (input → output)",
+              axis=alt.Axis(labelAngle=-30))
+    color = alt.Color("position:N", sort=positions, title="positions")
+
+    def make(a, run):
+        line = alt.Chart().mark_line(point=True).encode(x=x, y=alt.Y("accuracy:Q", **_Y), color=color,
+                                                        tooltip=_ci_tooltip(alt.Tooltip("plan:N")))
+        bars = alt.Chart().mark_rule(opacity=.5).encode(x=x, y="lo:Q", y2="hi:Q", color=color)
+        chart = alt.layer(line, bars, data=a).properties(width=150, height=150)
+        column = alt.Column("method:N", sort=methods, title=None, header=alt.Header(labelFontWeight="bold"))
+        return chart.facet(column=column, row=alt.Row("metric:N", sort=metrics, title=None),
+                           title=run if rows.run.nunique() > 1 else "")
+    refs_of = lambda a: "references: " + (_ref_text(acc[acc.run.isin(a.run)], refs, metrics) or "none")
+    return _by_run(rows, make, title, refs_of)
+
 # %% ../nbs/06_plots.ipynb #093b6d08
 def save_chart(chart, path_stem, formats=("png", "svg", "html"), scale_factor: float = 1.0) -> dict[str, Path]:
     "Write `chart` as `path_stem.png/.svg/.html` (HTML with inlined JS), each atomically; returns the paths."
@@ -420,7 +453,7 @@ def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
 
 # %% ../nbs/06_plots.ipynb #12b03db3
 FIGURES = {"positions": position_chart, "movie_spans": movie_chart, "components": component_chart,
-           "depth": depth_heatmap, "generation": generation_chart}
+           "depth": depth_heatmap, "generation": generation_chart, "methods": methods_chart}
 
 def paper_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
     "Accuracy tables: `per_prompt` (by run keys, plan, template) and `pooled` (prompts pooled); run keys: `run_keys`."

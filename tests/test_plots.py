@@ -109,7 +109,7 @@ def test_figures_notebook(tmp_path, results):
     _write_run(runs / "results" / "half", pos.assign(rank=0), finished=False)   # no run.json: must be ignored
     pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
                         parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200), progress_bar=False)
-    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation"]
+    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation", "methods"]
     assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
         {"accuracy.csv", "positions.csv", "components.csv", "tables.md", "run.json"}
     record = json.loads((out / "run.json").read_text())

@@ -109,14 +109,14 @@ def _bind(plan, models: dict) -> tuple:
     if missing: raise ValueError(f"Plan '{plan.name}' needs model role(s) {missing}; given: {list(models)}.")
     return models[plan.base], [models[r.donor] for r in plan.rules]
 
-def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0) -> ExitStack:
-    "An ExitStack holding one `graft` (or `patch`) context per rule of `plan` (enter it with `with`)."
+def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None) -> ExitStack:
+    "An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch) context per rule of `plan`."
     base, donors = _bind(plan, models)
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
         layers = resolve_layers(rule.layers, base.config.num_hidden_layers)
         layers = kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
-        if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites))
+        if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs))
         else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
 
@@ -149,14 +149,15 @@ class SharedPrefix:
         return self.cache
 
 @torch.no_grad()
-def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None):
+def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None,
+                 runs: dict | None = None):
     "Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns)."
     width = batch["input_ids"].shape[1]
     start = min(first_grafted_column(masks, width), width - 1)
     # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
     cache = prefix.take(start) if prefix is not None and not plan.patches else None
     if cache is None: start = 0
-    with grafted(plan, models, masks, seed):
+    with grafted(plan, models, masks, seed, runs):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 
@@ -184,12 +185,13 @@ def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: 
 # %% ../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
 def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
-               generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None) -> list[dict]:
+               generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None,
+               runs: dict | None = None) -> list[dict]:
     "One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation."
     plan = get_plan(plan)
     masks, skipped = rule_masks(plan, prep)
     _bind(plan, models)
-    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix)
+    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs)
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
     top = logits.softmax(-1).topk(n_top)
@@ -227,8 +229,10 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     for chunk in batches(examples, batch_size):
         prep = prepare(tokenizer, chunk, device)
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
+        donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.patch's `runs`)
         for p in _prefix_order(plans, prep):
-            rows[p.name] += score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), **kw); bar.update(len(chunk))
+            rows[p.name] += score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs, **kw)
+            bar.update(len(chunk))
             done += len(chunk); report_progress("grafting", done, total)
     bar.close()
     return [r for p in plans for r in rows[p.name]]

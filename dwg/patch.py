@@ -4,6 +4,7 @@
 
 # %% ../nbs/02b_patch.ipynb #eb4c3c86
 from __future__ import annotations
+import copy
 from contextlib import contextmanager
 import torch
 from .graft import _aligned, _as_mask, _check_batch, _fused_part_columns, architecture, check_compatible, \
@@ -84,10 +85,32 @@ def _replace_first(out, value):
 # %% ../nbs/02b_patch.ipynb #ce529c0d
 _DONOR_CACHES = "_dwg_donor_caches"   # attribute of a recipient's KV cache: the donors' caches of the same tokens
 
-def _donor_pass(donor, targets: dict, state: dict):
-    "A forward pre-hook on the recipient: run the donor on the same inputs and keep its activations in `state`."
+def _inputs_key(args: tuple, kwargs: dict) -> tuple:
+    "What identifies a forward's inputs: each tensor's storage, shape and version, and every other value."
+    def ident(v):
+        if not torch.is_tensor(v): return repr(v)
+        return v.data_ptr(), tuple(v.shape), v.stride(), -1 if v.is_inference() else v._version
+    return tuple(map(ident, args)), tuple((k, ident(v)) for k, v in sorted(kwargs.items()))
+
+def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tuple[dict, object]:
+    """The donor's activations at every layer of `sites` on these inputs, from `runs` (recorded by an earlier `patch`
+    on the same batch) or recorded now for all layers of the sites missing; and a copy of its KV cache."""
+    run = runs.setdefault((id(donor), _inputs_key(args, kwargs)), dict(acts={}, sites=set(), cache=None))
+    if missing := sites - run["sites"]:
+        n = donor.config.num_hidden_layers
+        acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
+        run["acts"].update(acts)
+        run["sites"] |= missing
+        run["cache"] = getattr(out, "past_key_values", None)
+    return run["acts"], copy.deepcopy(run["cache"])   # a copy: generation continues (and so changes) the cache
+
+def _donor_pass(donor, targets: dict, state: dict, runs: dict | None):
+    "A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs."
     def hook(module, args, kwargs):
         cache = kwargs.get("past_key_values")
+        if cache is None and runs is not None:
+            state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
+            return
         if cache is not None:   # a continued sequence: the donor continues its own cache of the same tokens
             paired = getattr(cache, _DONOR_CACHES, {}).get(id(donor))
             if paired is None:
@@ -122,8 +145,9 @@ def _splice_hooks(targets: dict, mask: torch.Tensor, state: dict) -> list:
     return handles
 
 @contextmanager
-def patch(recipient, donor, mask, layers="all", sites=("resid_post",)):
-    "Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True."
+def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None):
+    """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
+    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context."""
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
     idx = resolve_layers(layers, recipient.config.num_hidden_layers)
@@ -131,7 +155,7 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",)):
     state = {}
     handles = [recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True),
                recipient.register_forward_pre_hook(_donor_pass(donor, {k: _site_module(donor, *k) for k in keys},
-                                                               state), with_kwargs=True),
+                                                               state, runs), with_kwargs=True),
                recipient.register_forward_hook(_pair_caches(donor, state))]
     try:
         handles += _splice_hooks({k: _site_module(recipient, *k) for k in keys}, mask, state)

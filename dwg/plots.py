@@ -27,6 +27,11 @@ def plan_info(plan: str) -> GraftPlan | None:
     "The catalogue plan of that name (`dwg.plans.paper_plans()`), or None for a plan the catalogue does not know."
     return paper_plans().get(plan)
 
+def _infos(plans: pd.Series) -> pd.Series:
+    "The catalogue plan of each row's plan name (the catalogue built once, not once per row)."
+    catalog = paper_plans()
+    return plans.map({p: catalog.get(p) for p in plans.unique()})
+
 def component_label(components: str) -> str:
     "A readable component set: `o+ffn` -> `O+FFN`."
     return "+".join({"attn": "attn", "ffn": "FFN"}.get(c, c.upper()) for c in components.split("+"))
@@ -273,7 +278,7 @@ VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components
 
 def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
     "Component plans at LT with parsed columns; reference rows copied into every panel."
-    info = acc.plan.map(plan_info)
+    info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "components" in p.figures)
     comp = acc[keep].assign(components=info[keep].map(lambda p: p.component_set),
                             layers=info[keep].map(lambda p: layer_label(p.layer_group)),
@@ -327,7 +332,7 @@ def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boo
 # %% ../nbs/06_plots.ipynb #819ebd13
 def _depth_rows(acc: pd.DataFrame) -> pd.DataFrame:
     "Rows of `POS:GROUP@QUARTER` plans with parsed columns."
-    info = acc.plan.map(plan_info)
+    info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "depth" in p.figures)
     return acc[keep].assign(position=info[keep].map(lambda p: f"graft at {p.position}"),
                             group=info[keep].map(lambda p: component_label(p.component_set)),
@@ -387,7 +392,7 @@ def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     _need(acc, "methods", ["graft:<position>@<quarter>", "patch-resid:<position>@<quarter>"])
     metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
     acc = acc[acc.metric.isin(metrics)]
-    info = acc.plan.map(plan_info)
+    info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "methods" in p.figures)
     rows = acc[keep].assign(method=info[keep].map(lambda p: p.variant),
                             position=info[keep].map(lambda p: plan_label(p.position)),

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .plans import figure_order, figure_references, figure_plans, paper_plans
+from .plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
@@ -138,7 +138,7 @@ def _synthetic_top1(plan: str) -> float:
     p = paper_plans().get(plan)
     if p is None or p.component_set is None: return .1
     if "depth" in p.figures:
-        q = [g.layer_group for g in figure_plans("depth")].index(p.layer_group) % 4
+        q = QUARTERS.index(p.layer_group)
         by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p.position, [.1] * 4)
         return by_quarter[q] * (1.5 if "+" in p.component_set else 1)
     base = _SYNTH_COMPONENTS.get(p.component_set, .05)
@@ -150,10 +150,11 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside
     "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
     rng = np.random.default_rng(seed)
     plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
+    catalog = paper_plans()
     rows = []
     for plan in plans:
         p1 = min(1.0, _synthetic_top1(plan) * p_scale)
-        roles = set(paper_plans().get(plan).roles) if paper_plans().get(plan) else set()
+        roles = set(catalog[plan].roles) if plan in catalog else set()
         exp = experiment or ("components" if roles and roles <= {"task", "relation"} else "positions")
         for f in range(n_facts):
             for t in templates:

@@ -5,6 +5,7 @@
 # %% ../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
 from contextlib import contextmanager
+import re
 import torch
 
 # %% auto #0
@@ -16,13 +17,14 @@ _LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_p
                     gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj",
                     ln1="input_layernorm", ln2="post_attention_layernorm")
 _LLAMA_BLOCKS = dict(attn="self_attn", mlp="mlp")   # the attention and MLP sub-blocks of a layer (activation patching)
+_NORMED_BLOCKS = {**_LLAMA_BLOCKS, "mid": "post_attention_layernorm"}   # mid: the output added to make resid_mid
 ARCHITECTURES = {
     "llama": dict(layers="model.layers", ln_final="model.norm", layer=_LLAMA_LAYER, blocks=_LLAMA_BLOCKS),
-    "gemma2": dict(layers="model.layers", ln_final="model.norm", blocks=_LLAMA_BLOCKS,  # sandwich norms (Gemma 2, 3)
+    "gemma2": dict(layers="model.layers", ln_final="model.norm", blocks=_NORMED_BLOCKS,  # sandwich norms (Gemma 2, 3)
                    layer={**_LLAMA_LAYER, "ln2": "pre_feedforward_layernorm", "ln_post_attn": "post_attention_layernorm",
                           "ln_post_ffn": "post_feedforward_layernorm", "q_norm": "self_attn.q_norm",
                           "k_norm": "self_attn.k_norm"}),
-    "olmo2": dict(layers="model.layers", ln_final="model.norm", blocks=_LLAMA_BLOCKS,  # norms after blocks, q/k norms
+    "olmo2": dict(layers="model.layers", ln_final="model.norm", blocks=_NORMED_BLOCKS,  # norms after blocks, q/k norms
                   layer={**{k: v for k, v in _LLAMA_LAYER.items() if k not in ("ln1", "ln2")},
                          "ln1": "post_attention_layernorm", "ln2": "post_feedforward_layernorm",
                          "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}),
@@ -68,12 +70,20 @@ def layer_groups(n_layers: int) -> dict[str, list[int]]:
         groups[f"last_{frac}"] = groups[f"{_ORDINALS[parts - 1]}_{frac}"]
     return groups
 
+_SINGLE_LAYER = re.compile(r"(layer|from)_(\d+)")   # 'layer_7': layer 7 alone; 'from_7': layer 7 to the last
+
 def resolve_layers(layers, n_layers: int) -> list[int]:
-    "Layer indices from 'all', a group name, an int or a list of ints; errors name what is valid."
+    "Layer indices from 'all', a group name, 'layer_I', 'from_I', an int or a list of ints; errors name what is valid."
     groups = layer_groups(n_layers)
     if isinstance(layers, str):
+        if m := _SINGLE_LAYER.fullmatch(layers):
+            i = int(m[2])
+            if i >= n_layers: raise ValueError(f"Layer spec '{layers}' is out of range: this model has {n_layers} layers "
+                                               f"(0..{n_layers - 1}).")
+            return [i] if m[1] == "layer" else list(range(i, n_layers))
         if layers not in groups:
-            raise ValueError(f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, or a list of indices 0..{n_layers - 1}.")
+            raise ValueError(f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, 'layer_I' (layer I alone), "
+                             f"'from_I' (layer I to the last), or a list of indices 0..{n_layers - 1}.")
         return groups[layers]
     idx = [layers] if isinstance(layers, int) else list(layers)
     if (bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]):

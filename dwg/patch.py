@@ -14,22 +14,28 @@ from .graft import _aligned, _as_mask, _check_batch, _fused_part_columns, archit
 __all__ = ['SITES', 'model_sites', 'resolve_sites', 'patch']
 
 # %% ../nbs/02b_patch.ipynb #f4a6aec0
-SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "o", "gate", "up", "down")
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "o", "gate", "up", "down")
 _BLOCK_SITES = {"attn_out": "attn", "mlp_out": "mlp"}
 
+def _parallel(model) -> bool:
+    "Whether attention and MLP read the same residual (GPT-NeoX's parallel residual): then there is no `resid_mid`."
+    return bool(getattr(model.config, "use_parallel_residual", False))
+
 def model_sites(model) -> list[str]:
-    "The sites this model's family has (`gate` only where the MLP is gated)."
+    "The sites this model's family has (`gate` only where the MLP is gated, `resid_mid` only without parallel blocks)."
     layer = architecture(model)["layer"]
-    return [s for s in SITES if s in ("resid_pre", "resid_post", *_BLOCK_SITES) or s in layer]
+    always = ("resid_pre", "resid_post", *_BLOCK_SITES, *(() if _parallel(model) else ("resid_mid",)))
+    return [s for s in SITES if s in always or s in layer]
 
 def resolve_sites(model, sites) -> list[str]:
     "Site names from a name or a list; errors name the sites this model has."
     names = [sites] if isinstance(sites, str) else list(sites)
     have = model_sites(model)
     for s in names:
-        if s == "resid_mid":
-            raise ValueError("Site 'resid_mid' (the residual between attention and MLP) is no module's output here, so "
-                             "it cannot be patched exactly: patch 'attn_out', or 'resid_pre'/'resid_post' instead.")
+        if s == "resid_mid" and _parallel(model):
+            raise ValueError(f"Site 'resid_mid' does not exist in this {model.config.model_type} model: its attention "
+                             "and MLP run in parallel on the same residual (use_parallel_residual). Patch 'attn_out', "
+                             "'mlp_out', 'resid_pre' or 'resid_post' instead.")
         if s not in have:
             known = "does not exist in " + model.config.model_type if s in SITES else "is unknown"
             raise ValueError(f"Site '{s}' {known}. This model has: {', '.join(have)}.")
@@ -40,6 +46,8 @@ def _site_module(model, site: str, layer: int) -> tuple:
     arch = architecture(model)
     block = model.get_submodule(f"{arch['layers']}.{layer}")
     if site in ("resid_pre", "resid_post"): return block, None
+    if site == "resid_mid":   # the module whose output the layer adds to its input: the attention block, or its norm
+        return block.get_submodule(arch["blocks"].get("mid", arch["blocks"]["attn"])), None
     if site in _BLOCK_SITES: return block.get_submodule(arch["blocks"][_BLOCK_SITES[site]]), None
     spec = arch["layer"][site]
     path, part = (spec, None) if isinstance(spec, str) else spec
@@ -55,15 +63,25 @@ def _hidden_states(args: tuple, kwargs: dict):
     "A decoder layer's input hidden states, passed positionally or by name."
     return args[0] if args else kwargs["hidden_states"]
 
+def _layer_inputs(model, layers, store: dict) -> list:
+    "Pre-hooks that keep each of `layers`' input hidden states (its residual stream) in `store[layer]`."
+    def keep(layer): return lambda m, a, kw: store.__setitem__(layer, _hidden_states(a, kw))
+    return [_site_module(model, "resid_pre", i)[0].register_forward_pre_hook(keep(i), with_kwargs=True)
+            for i in sorted(set(layers))]
+
 def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, object]:
     "Run `donor` on the recipient's inputs; its activation at each (site, layer) of `targets`, and its output."
-    acts, handles = {}, []
+    acts, inputs = {}, {}
     def keep(key, value): acts[key] = value.detach()
+    handles = _layer_inputs(donor, [i for s, i in targets if s == "resid_mid"], inputs)
     try:
         for key, (module, _) in targets.items():
             if key[0] == "resid_pre":
                 handles.append(module.register_forward_pre_hook(
                     lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True))
+            elif key[0] == "resid_mid":   # the layer's input plus what it adds to it before the MLP
+                handles.append(module.register_forward_hook(
+                    lambda m, a, out, key=key: keep(key, inputs[key[1]] + _first(out))))
             else: handles.append(module.register_forward_hook(lambda m, a, out, key=key: keep(key, _first(out))))
         with torch.no_grad(): out = donor(*args, **kwargs)
     finally:
@@ -129,9 +147,10 @@ def _pair_caches(donor, state: dict):
         if mine is not None and theirs is not None: mine.__dict__.setdefault(_DONOR_CACHES, {})[id(donor)] = theirs
     return hook
 
-def _splice_hooks(targets: dict, mask: torch.Tensor, state: dict) -> list:
-    "Hooks that write the donor's activations into each recipient site at the masked positions."
-    handles = []
+def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> list:
+    """Hooks that write the donor's activations into each recipient site at the masked positions (`resid_mid`: the
+    module before the residual sum outputs the donor's mid-residual minus the recipient's layer input)."""
+    inputs, handles = state.setdefault("inputs", {}), []
     for key, (module, cols) in targets.items():
         if key[0] == "resid_pre":
             def pre(m, args, kwargs, key=key, cols=cols):
@@ -140,9 +159,11 @@ def _splice_hooks(targets: dict, mask: torch.Tensor, state: dict) -> list:
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         else:
             def post(m, args, out, key=key, cols=cols):
-                return _replace_first(out, _spliced(_first(out), state["acts"][key], mask, cols))
+                want = state["acts"][key] - inputs[key[1]] if key[0] == "resid_mid" else state["acts"][key]
+                return _replace_first(out, _spliced(_first(out), want, mask, cols))
             handles.append(module.register_forward_hook(post))
-    return handles
+    # registered last, so they keep the layer input after a `resid_pre` patch of the same layer changed it
+    return handles + _layer_inputs(recipient, [i for s, i in targets if s == "resid_mid"], inputs)
 
 @contextmanager
 def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None):
@@ -158,7 +179,7 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dic
                                                                state, runs), with_kwargs=True),
                recipient.register_forward_hook(_pair_caches(donor, state))]
     try:
-        handles += _splice_hooks({k: _site_module(recipient, *k) for k in keys}, mask, state)
+        handles += _splice_hooks(recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)
         yield recipient
     finally:
         for h in handles: h.remove()

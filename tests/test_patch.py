@@ -16,8 +16,13 @@ BLOCKS = {"llama": ("model.layers", "self_attn", "mlp"), "gemma": ("model.layers
           "olmo": ("model.layers", "self_attn", "mlp"), "gemma2": ("model.layers", "self_attn", "mlp"),
           "olmo2": ("model.layers", "self_attn", "mlp"), "gpt2": ("transformer.h", "attn", "mlp"),
           "gpt_neox": ("gpt_neox.layers", "attention", "mlp")}
+# resid_mid, the residual between attention and MLP, in the oracle's own terms: (the module whose *input* it is, the
+# module whose output the layer adds to its input to make it). Written as that output := donor's mid - layer input.
+MID = {"llama": ("post_attention_layernorm", "self_attn"), "gemma": ("post_attention_layernorm", "self_attn"),
+       "olmo": ("post_attention_layernorm", "self_attn"), "gemma2": ("pre_feedforward_layernorm", "post_attention_layernorm"),
+       "olmo2": ("mlp", "post_attention_layernorm"), "gpt2": ("ln_2", "attn")}
 # the order in which a layer's sites are computed (nnsight needs modules in execution order)
-ORDER = ["resid_pre", "q", "k", "v", "o", "attn_out", "gate", "up", "down", "mlp_out", "resid_post"]
+ORDER = ["resid_pre", "q", "k", "v", "o", "attn_out", "resid_mid", "gate", "up", "down", "mlp_out", "resid_post"]
 
 
 def _envoy(root, path: str):
@@ -25,12 +30,14 @@ def _envoy(root, path: str):
     return root
 
 
-def _oracle_site(model_type: str, site: str, layer: int) -> tuple[str, str, object]:
-    "(module path, 'input' or 'output', fused part or None) of a site, from the oracle's own tables."
+def _oracle_site(model_type: str, site: str, layer: int, reading: bool) -> tuple[str, str, object]:
+    "(module path, 'input' / 'output' / 'mid', fused part or None) of a site, from the oracle's own tables."
     layers, attn, mlp = BLOCKS[model_type]
     base = f"{layers}.{layer}"
     if site in ("resid_pre", "resid_post"): return base, "input" if site == "resid_pre" else "output", None
     if site in ("attn_out", "mlp_out"): return f"{base}.{attn if site == 'attn_out' else mlp}", "output", None
+    if site == "resid_mid": return (f"{base}.{MID[model_type][0]}", "input", None) if reading else \
+        (f"{base}.{MID[model_type][1]}", "mid", None)
     spec = REFERENCE_PARAMS[model_type]["parts"][site]
     path, part = (spec, None) if isinstance(spec, str) else (spec[0], spec[1:])
     return f"{base}.{path}", "output", part
@@ -48,31 +55,42 @@ def _part_cols(n: int, part, heads: int) -> torch.Tensor:
 def _main(x): return x[0] if isinstance(x, tuple) else x
 
 
+def _groups(model_type, order, reading: bool) -> dict:
+    "(path, where) -> [(site, layer, part)], in execution order: fused q/k/v share one module."
+    groups = {}
+    for s, i in order:
+        path, where, part = _oracle_site(model_type, s, i, reading)
+        groups.setdefault((path, where), []).append((s, i, part))
+    return groups
+
+
 def nnsight_patched_logits(rec, don, tok, batch, mask, layers, sites):
     "Logits of `rec` with `don`'s activations at sites x layers where `mask`, done with nnsight traces."
     mt = rec.config.model_type
     order = sorted(((s, i) for s in sites for i in layers), key=lambda k: (k[1], ORDER.index(k[0])))
-    groups = {}   # (path, where) -> [(site, part)]: fused q/k/v share one module
-    for s, i in order:
-        path, where, part = _oracle_site(mt, s, i)
-        groups.setdefault((path, where), []).append(part)
     R, D = LanguageModel(rec, tokenizer=tok), LanguageModel(don, tokenizer=tok)
-    inputs = dict(batch)
-    saved = {}
+    inputs, saved, layer_in = dict(batch), {}, {}
     with torch.no_grad(), D.trace(inputs):
-        for path, where in groups:
+        for (path, where), keys in _groups(mt, order, reading=True).items():
             env = _envoy(D, path)
-            saved[(path, where)] = (env.input if where == "input" else _main(env.output)).save()
+            value = (env.input if where == "input" else _main(env.output)).save()
+            for s, i, _ in keys: saved[(s, i)] = value
     m = mask[..., None]
+    layers_path = BLOCKS[mt][0]
     with torch.no_grad(), R.trace(inputs):
-        for (path, where), parts in groups.items():
+        for (path, where), keys in _groups(mt, order, reading=False).items():
+            i = keys[0][1]
+            if "resid_mid" in sites and i not in layer_in and where != "input":   # the layer's input, before its blocks
+                layer_in[i] = _envoy(R, f"{layers_path}.{i}").input
             env = _envoy(R, path)
             current = env.input if where == "input" else env.output
             x = _main(current)
-            cols = torch.zeros(x.shape[-1], dtype=torch.bool)
-            for part in parts: cols |= _part_cols(x.shape[-1], part, rec.config.num_attention_heads)
-            new = torch.where(m & cols, saved[(path, where)], x)
-            if where == "input": env.input = new
+            new = x
+            for s, _, part in keys:
+                cols = _part_cols(x.shape[-1], part, rec.config.num_attention_heads)
+                donor = saved[(s, i)] - layer_in[i] if where == "mid" else saved[(s, i)]
+                new = torch.where(m & cols, donor, new)
+            if where == "input": env.input = layer_in[i] = new
             else: env.output = (new, *current[1:]) if isinstance(current, tuple) else new
         logits = R.output.logits.save()
     return logits
@@ -151,7 +169,7 @@ def test_embedded_model_matches_nnsight():
     with torch.no_grad():
         for p in don.parameters(): p.add_(torch.randn(p.shape, generator=g) * 0.02 * p.std().clamp(min=1e-3))
     batch, mask, _ = _case(rec, tok, random.Random(4))
-    layers, sites = [3, 17, 28], ["resid_pre", "o", "mlp_out", "down"]
+    layers, sites = [3, 17, 28], ["resid_pre", "o", "resid_mid", "mlp_out", "down"]
     real = batch["attention_mask"].bool()
     want = nnsight_patched_logits(rec, don, tok, batch, mask, layers, sites)
     _assert_same(_dwg_patched_logits(rec, don, batch, mask, layers, sites)[real], want[real])

@@ -14,7 +14,7 @@ from .data import load_split, token_positions
 from .models import load
 from .graft import graft, resolve_layers
 from .patch import patch
-from .plans import get_plan, resolve_positions, kept_layers, MissingSpan
+from .plans import expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan
 from .runs import report_progress, write_jsonl, write_run_record
 
 # %% auto #0
@@ -194,6 +194,7 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
     logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs)
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
+    logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]   # exact where the probability underflows
     top = logits.softmax(-1).topk(n_top)
     n_new = max(map(len, prep["targets"]))
     gen = _generate(plan, models, prep["batch"], masks, logits, cache, n_new, generated, seed) if generate else None
@@ -203,7 +204,7 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
                    target=ex["target"], target_id=int(tids[i]), target_token=tokenizer.decode([int(tids[i])]),
                    skipped=i in skipped, skip_reason=skipped.get(i))
         if i in skipped: rows.append(row); continue
-        row.update(rank=int(ranks[i]), prob=float(probs[i]),
+        row.update(rank=int(ranks[i]), prob=float(probs[i]), logprob=float(logprobs[i]),
                    top_tokens=tokenizer.convert_ids_to_tokens(top.indices[i].tolist()),
                    top_probs=[round(float(p), 6) for p in top.values[i]])
         if gen is not None:
@@ -280,11 +281,12 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
                  out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None):
     "Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write results + run record."
     started = time.time()
-    plans = [get_plan(p) for p in plans]
-    need = sorted({r for p in plans for r in p.roles} - set(models))
+    nominal = [get_plan(p) for p in expand_plans(plans, 4)]   # depth-dependent families at a nominal depth: roles
+    need = sorted({r for p in nominal for r in p.roles} - set(models))
     if need: raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
     examples = select_examples(dataset_dir, templates, split, max_examples)
-    bound, tok = _load_roles({r: m for r, m in models.items() if any(r in p.roles for p in plans)})
+    bound, tok = _load_roles({r: m for r, m in models.items() if any(r in p.roles for p in nominal)})
+    plans = [get_plan(p) for p in expand_plans(plans, next(iter(bound.values())).config.num_hidden_layers)]
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None

@@ -5,15 +5,17 @@
 # %% ../nbs/02a_plans.ipynb #10a939b9
 from __future__ import annotations
 import random
+import re
 from dataclasses import asdict, dataclass, field
 from .data import FIELDS
 
 # %% auto #0
 __all__ = ['METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS',
-           'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'ROLE_SETS', 'MissingSpan',
+           'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS', 'MissingSpan',
            'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'kept_layers', 'position_plans',
-           'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plans', 'paper_plans',
-           'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'get_plan', 'resolve_plans']
+           'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan', 'method_plans',
+           'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order',
+           'figure_references', 'get_plan', 'expand_plans', 'resolve_plans']
 
 # %% ../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -170,21 +172,40 @@ COMPARED_METHODS = {   # name: (rule method, components or sites) -- grafting th
     "patch-resid": ("patch", ["resid_post"]), "patch-blocks": ("patch", ["attn_out", "mlp_out"])}
 METHOD_POSITIONS = ["FE", "LT", "FE+LT", "(FE+LT)^C"]
 
+def method_plan(method: str, position: str, layers: str) -> GraftPlan:
+    "`METHOD:POSITION@LAYERS`: one compared method, fine-tuned into pretrained, at a position set over a layer spec."
+    kind, what = COMPARED_METHODS[method]
+    rule = Rule("finetuned", POSITION_SETS[position][0], layers, method=kind,
+                **{"components" if kind == "graft" else "sites": what})
+    return GraftPlan(f"{method}:{position}@{layers}", "pretrained", [rule], figures=("methods",), position=position,
+                     component_set="+".join(what), layer_group=layers, variant=method,
+                     label=f"{method} at {LABELS.get(position, position)}")
+
+def _method_family(layer_specs: list[str]) -> list[GraftPlan]:
+    "PRE, SFT, and every compared method at every method position over each layer spec."
+    refs = [p for p in position_plans() if p.name in ("PRE", "SFT")]
+    return refs + [method_plan(m, pos, layers) for m in COMPARED_METHODS for pos in METHOD_POSITIONS
+                   for layers in layer_specs]
+
 def method_plans() -> list[GraftPlan]:
-    "Grafting vs activation patching: each method at FE, LT, FE+LT, (FE+LT)^C in one layer quarter (PRE/SFT too)."
-    plans = [p for p in position_plans() if p.name in ("PRE", "SFT")]
-    for m, (method, what) in COMPARED_METHODS.items():
-        for pos in METHOD_POSITIONS:
-            for q in QUARTERS:
-                key = "components" if method == "graft" else "sites"
-                rule = Rule("finetuned", POSITION_SETS[pos][0], q, method=method, **{key: what})
-                plans.append(GraftPlan(f"{m}:{pos}@{q}", "pretrained", [rule], figures=("methods",), position=pos,
-                                       component_set="+".join(what), layer_group=q, variant=m,
-                                       label=f"{m} at {LABELS.get(pos, pos)}"))
-    return plans
+    "Grafting vs activation patching, the coarse grid: each method at FE, LT, FE+LT, (FE+LT)^C in each layer quarter."
+    return _method_family(QUARTERS)
+
+def method_grid(n_layers: int) -> list[GraftPlan]:
+    "The full grid for a model of `n_layers` layers: each single layer, each quarter, and each 'from layer L to the end'."
+    return _method_family([f"layer_{i}" for i in range(n_layers)] + QUARTERS + [f"from_{i}" for i in range(n_layers)])
+
+_METHOD_NAME = re.compile(r"(?P<method>[a-z-]+):(?P<position>.+)@(?P<layers>(?:layer|from)_\d+)")
+
+def parse_method_plan(name: str) -> GraftPlan | None:
+    "The grid plan a name like `patch-resid:LT@layer_12` or `graft:FE@from_20` stands for (None if it is none)."
+    m = _METHOD_NAME.fullmatch(name)
+    if m and m["method"] in COMPARED_METHODS and m["position"] in METHOD_POSITIONS:
+        return method_plan(m["method"], m["position"], m["layers"])
 
 FAMILIES = {"position": position_plans, "reverse": reverse_plans, "components": component_plans,
             "hybrid": hybrid_plans, "depth": depth_plans, "methods": method_plans}
+DEPTH_FAMILIES = {"methods_grid": method_grid}   # families whose plans depend on the model's number of layers
 
 # %% ../nbs/02a_plans.ipynb #bffc31cd
 ROLE_SETS = {"position": ("pretrained", "finetuned"), "components": ("task", "relation")}  # what each grafting stage loads
@@ -225,13 +246,21 @@ def figure_references(figure: str) -> list[str]:
     return [p.name for p in paper_plans().values() if figure in p.references]
 
 def get_plan(plan) -> GraftPlan:
-    "A plan from a name (one of `paper_plans()`), a dict, or a GraftPlan."
+    "A plan from a name (one of `paper_plans()`, or a grid name like `graft:LT@layer_3`), a dict, or a GraftPlan."
     if isinstance(plan, GraftPlan): return plan
     if isinstance(plan, dict): return GraftPlan.from_dict(plan)
     catalog = paper_plans()
-    if plan not in catalog:
-        raise ValueError(f"Unknown plan '{plan}'. Known plans: {', '.join(catalog)}; or give a dict/GraftPlan.")
-    return catalog[plan]
+    if plan in catalog: return catalog[plan]
+    if parsed := parse_method_plan(plan): return parsed
+    raise ValueError(f"Unknown plan '{plan}'. Known plans: {', '.join(catalog)}; grid plans METHOD:POSITION@layer_I or "
+                     f"@from_I (METHOD in {', '.join(COMPARED_METHODS)}; POSITION in {', '.join(METHOD_POSITIONS)}); "
+                     "or give a dict/GraftPlan.")
+
+def expand_plans(plans: list, n_layers: int) -> list:
+    "`plans` with each depth-dependent family name (`DEPTH_FAMILIES`) replaced by its plan names for `n_layers` layers."
+    family = lambda p: isinstance(p, str) and p in DEPTH_FAMILIES
+    out = [q for p in plans for q in ([x.name for x in DEPTH_FAMILIES[p](n_layers)] if family(p) else [p])]
+    return list({q if isinstance(q, str) else id(q): q for q in out}.values())   # each name once
 
 # %% ../nbs/02a_plans.ipynb #77412da1
 def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list[str]:
@@ -242,11 +271,13 @@ def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> lis
         raise ValueError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
                          "group names.")
     plans = [q for p in plans for q in groups.get(p, [p])]
-    if unknown := [p for p in plans if p not in catalog]:
+    if unknown := [p for p in plans if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p)]:
         raise ValueError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.plans."
-                         f"paper_plans()): {', '.join(catalog)}; groups: {', '.join(groups)}.")
-    if wrong := [p for p in plans if not set(catalog[p].roles) <= set(roles)]:
+                         f"paper_plans()): {', '.join(catalog)}; groups: {', '.join([*groups, *DEPTH_FAMILIES])}; "
+                         "grid plans like 'graft:LT@layer_3'.")
+    need = {p: {r for q in expand_plans([p], 4) for r in get_plan(q).roles} for p in plans}   # depth families: any depth
+    if wrong := [p for p in plans if not need[p] <= set(roles)]:
         raise ValueError(f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "
-                         f"{sorted({r for p in wrong for r in catalog[p].roles})}, but {provider} provides "
+                         f"{sorted({r for p in wrong for r in need[p]})}, but {provider} provides "
                          f"{list(roles)}. Move them to the other grafting section.")
     return list(dict.fromkeys(plans))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import GraftPlan, figure_order, figure_plans, figure_references, paper_plans
+from .plans import GraftPlan, figure_order, figure_plans, figure_references, paper_plans, parse_method_plan
 from .runs import read_jsonl, run_integrity
 
 # %% auto #0
@@ -24,13 +24,13 @@ __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGUR
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
 
 def plan_info(plan: str) -> GraftPlan | None:
-    "The catalogue plan of that name (`dwg.plans.paper_plans()`), or None for a plan the catalogue does not know."
-    return paper_plans().get(plan)
+    "The catalogue plan of that name (`paper_plans()`, or a grid name like `graft:LT@layer_3`), or None if unknown."
+    return paper_plans().get(plan) or parse_method_plan(plan)
 
 def _infos(plans: pd.Series) -> pd.Series:
     "The catalogue plan of each row's plan name (the catalogue built once, not once per row)."
     catalog = paper_plans()
-    return plans.map({p: catalog.get(p) for p in plans.unique()})
+    return plans.map({p: catalog.get(p) or parse_method_plan(p) for p in plans.unique()})
 
 def component_label(components: str) -> str:
     "A readable component set: `o+ffn` -> `O+FFN`."
@@ -433,7 +433,7 @@ def save_chart(chart, path_stem, formats=("png", "svg", "html"), scale_factor: f
     return out
 
 # %% ../nbs/06_plots.ipynb #cb60b9de
-RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "skipped", "skip_reason", "exact_match", "model",
+RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "logprob", "skipped", "skip_reason", "exact_match", "model",
                   "dataset", "experiment", "run_id"]
 
 def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:

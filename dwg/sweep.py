@@ -15,9 +15,9 @@ from . import data
 from .runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
-__all__ = ['STAGES', 'STAGE_ORDER', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage',
-           'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run', 'run_id',
-           'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters',
+__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS',
+           'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run',
+           'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters',
            'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph',
            'sweeps_under', 'resolve_params']
 
@@ -36,8 +36,10 @@ STAGES = {s.name: s for s in [
     Stage("models", "train", out="model", resumable=True),
     Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
     Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
+    Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
     Stage("figures", "figures")]}
 STAGE_ORDER = list(STAGES)
+GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")   # the stages that score plans
 
 # %% ../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
@@ -46,6 +48,8 @@ SECTIONS = {
                             generate=True, generated=None, max_examples=None, seed=0),
     "graft_components": dict(pairs="all", templates="all", plans="components", split="relation", batch_size=64,
                              max_examples=None, seed=0),
+    "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
+                          seed=0),
     "figures": dict(k=None),
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
@@ -210,9 +214,9 @@ def _read_sections(raw: dict, problems: list) -> dict:
 
 def _check_sections(s: dict, problems: list):
     "Problems across the sections: grafting without training, plans, templates, options, training, Slurm stages."
-    if s["train"] is None and (s["graft_positions"] or s["graft_components"]):
+    if s["train"] is None and any(s[sec] for sec in GRAFT_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
-    for sec in ("graft_positions", "graft_components"):
+    for sec in GRAFT_SECTIONS:
         if not s[sec]: continue
         try: s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
         except SweepError as e: problems.append(str(e))
@@ -282,8 +286,9 @@ def _needed_models(s: dict, names: list) -> dict:
     "(model, dataset) -> the training splits the grafting sections need."
     need = {}
     # the SFT model trains on the facts it is tested on
-    pos_split = s["graft_positions"]["split"] if s["graft_positions"] else "all"
-    for sec, splits in (("graft_positions", [pos_split]), ("graft_components", ["task", "relation"])):
+    split = lambda sec: [s[sec]["split"] if s[sec] else "all"]
+    for sec, splits in (("graft_positions", split("graft_positions")), ("graft_components", ["task", "relation"]),
+                        ("graft_methods", split("graft_methods"))):
         if s[sec]:
             for pair in _pairs(s[sec]["pairs"], s["models"], names, f"{sec}.pairs"):
                 need.setdefault(pair, []).extend(splits)
@@ -312,11 +317,11 @@ def _model_runs(s: dict, ds: dict) -> dict:
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section and (model, dataset) pair."
     grafts = []
-    for sec in ("graft_positions", "graft_components"):
+    for sec in GRAFT_SECTIONS:
         if not s[sec]: continue
         opts = {k: v for k, v in s[sec].items() if k != "pairs"}
         for m, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs"):
-            if sec == "graft_positions":   # with split: relation, the SFT model is the relation model
+            if sec != "graft_components":   # with split: relation, the SFT model is the relation model
                 ins = [models[(m, d, s[sec]["split"])]]
                 p = dict(pretrained=m, finetuned=f"@{ins[0].key}", dataset_dir=f"@{ds[d].key}", **opts)
             else:
@@ -327,7 +332,7 @@ def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     return grafts
 
 def expand(sweep) -> list[Run]:
-    "The run graph of a sweep, in stage order: datasets, models, graft_positions, graft_components, figures."
+    "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures."
     s = sweep if "source" in sweep else load_sweep(sweep)
     ds = {name: _make("datasets", name, dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]))
           for name, d in s["datasets"].items()}

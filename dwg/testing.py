@@ -24,6 +24,8 @@ STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names 
     "graft_components": ('pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
                          'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
                          'out_dir = ""\nseed = 0'),
+    "graft_methods": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
+                      'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0'),
     "figures": 'runs_dir = ""\ninclude = "all"\nk = 5\nout_dir = ""',
 }
 
@@ -93,6 +95,7 @@ publish_dir(work, out)
 finish(steps=3)''',
     "graft_positions": "grafting_results(finetuned)",
     "graft_components": "grafting_results(task, relation, prob=0.5)",
+    "graft_methods": "grafting_results(finetuned)",
     "figures": '''\
 out.mkdir(parents=True, exist_ok=True)
 found = []
@@ -166,7 +169,8 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside
                     continue
                 hit = rng.random() < p1
                 rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
-                row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(0, .2)))
+                row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(1e-4, .2)))
+                row["logprob"] = float(np.log(row["prob"]))
                 if generate: row["exact_match"] = bool(hit and rng.random() < .85)
                 rows.append(row)
     return pd.DataFrame(rows)

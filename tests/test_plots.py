@@ -109,9 +109,10 @@ def test_figures_notebook(tmp_path, results):
     _write_run(runs / "results" / "half", pos.assign(rank=0), finished=False)   # no run.json: must be ignored
     pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
                         parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200), progress_bar=False)
-    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation", "methods"]
+    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation", "methods",
+             "methods_recovery", "methods_pairs"]
     assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
-        {"accuracy.csv", "positions.csv", "components.csv", "tables.md", "run.json"}
+        {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "tables.md", "run.json"}
     record = json.loads((out / "run.json").read_text())
     assert record["synthetic_data"] is False and len(record["runs"]) == 2
     assert "SYNTHETIC" not in (out / "positions.svg").read_text()
@@ -125,6 +126,15 @@ def test_figures_notebook(tmp_path, results):
     assert "Figure 1" in md and "Figure 3" in md and "| LT:o+ffn@last_half |" in md
     long = pd.read_csv(out / "accuracy.csv")
     assert set(long.template) == {"stars_alongside", "costar", "all prompts"}
+    # recovery.csv: the position run only (the component run has no PRE/SFT), checked by hand from the rows
+    rec = pd.read_csv(out / "recovery.csv").set_index("plan")
+    ok = pos[~pos.skipped.astype(bool)]
+    lp = ok.groupby(["plan", "fact_id"]).logprob.mean().unstack("plan")
+    for plan in ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"]:
+        v = lp[[plan, "PRE", "SFT"]].dropna().mean()
+        assert abs(rec.loc[plan, "recovery"] - (v[plan] - v.PRE) / (v.SFT - v.PRE)) < 1e-9
+        assert rec.loc[plan, "lo"] <= rec.loc[plan, "recovery"] <= rec.loc[plan, "hi"]
+    assert "Grafting vs activation patching" in md and "| graft | LT |" in md
 
 
 def test_figures_notebook_no_results(tmp_path):

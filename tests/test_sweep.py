@@ -51,8 +51,9 @@ def test_ids_change_with_config_and_only_downstream():
         for k in head: node = node[k]
         node[last] = value
         return sorted({r.stage for r in sw.expand(d) if r.key not in base})
-    assert renewed("datasets.fake4.seed", 1) == ["datasets", "figures", "graft_components", "graft_positions", "models"]
-    assert renewed("train.config", "embedded") == ["figures", "graft_components", "graft_positions", "models"]
+    grafts = ["graft_components", "graft_methods", "graft_positions"]
+    assert renewed("datasets.fake4.seed", 1) == ["datasets", "figures", *grafts, "models"]
+    assert renewed("train.config", "embedded") == ["figures", *grafts, "models"]
     assert renewed("graft_components.plans", ["TASK", "RELATION"]) == ["figures", "graft_components"]
     assert renewed("figures.k", 1) == ["figures"]
     assert renewed("description", "other words") == []
@@ -77,7 +78,8 @@ def test_training_profile_content_is_in_the_id(tmp_path):
     assert {r.key for r in sw.expand(d)} == before          # the description is not a setting
     cfg["epochs"] += 1
     prof.write_text(yaml.safe_dump(cfg))
-    assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components", "graft_positions", "models"]
+    assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components",
+                                                                              "graft_methods", "graft_positions", "models"]
 
 
 # --- errors before anything runs ----------------------------------------------------------------------------------
@@ -129,7 +131,7 @@ def test_missing_trained_model(tmp_path):
     "A model/dataset pair that a grafting section needs but train.pairs does not fine-tune is an error."
     d = raw(); d["models"] = ["tiny-llama", "tiny-gpt2"]; d["train"]["pairs"] = [["tiny-llama", "fake4"]]
     with pytest.raises(sw.SweepError, match="No trained model for model 'tiny-gpt2' on dataset 'fake4'"): sw.expand(d)
-    d["graft_positions"]["pairs"] = d["graft_components"]["pairs"] = [["tiny-llama", "fake4"]]
+    for section in ("graft_positions", "graft_components", "graft_methods"): d[section]["pairs"] = [["tiny-llama", "fake4"]]
     assert {r.params["model"] for r in sw.expand(d) if r.stage == "models"} == {"tiny-llama"}
     d["graft_positions"]["pairs"] = [["tiny-llama", "fake9"]]
     with pytest.raises(sw.SweepError, match="dataset 'fake9' is not in the sweep's datasets"): sw.expand(d)
@@ -385,6 +387,6 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(r.stdout)
     assert {i["state"] for i in states(rd).values()} == {"done"}
     table = results_table(rd)
-    from dwg.plans import paper_plans
-    assert {k[1] for k in table} == set(paper_plans())
+    from dwg.plans import paper_plans, expand_plans
+    assert {k[1] for k in table} == set(paper_plans()) | set(expand_plans(["methods_grid"], 4))
     print(f"smoke took {took:.0f}s")

@@ -110,7 +110,8 @@ def test_figures_notebook(tmp_path, results):
     pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
                         parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200), progress_bar=False)
     names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation", "methods",
-             "methods_recovery", "methods_pairs"]
+             "positions_recovery", "movie_spans_recovery", "components_recovery", "depth_recovery", "methods_recovery",
+             "methods_pairs"]
     assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
         {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "tables.md", "run.json"}
     record = json.loads((out / "run.json").read_text())
@@ -126,14 +127,18 @@ def test_figures_notebook(tmp_path, results):
     assert "Figure 1" in md and "Figure 3" in md and "| LT:o+ffn@last_half |" in md
     long = pd.read_csv(out / "accuracy.csv")
     assert set(long.template) == {"stars_alongside", "costar", "all prompts"}
-    # recovery.csv: the position run only (the component run has no PRE/SFT), checked by hand from the rows
+    # recovery.csv: the position run against PRE/SFT, the component run against TASK/RELATION, checked by hand
     rec = pd.read_csv(out / "recovery.csv").set_index("plan")
-    ok = pos[~pos.skipped.astype(bool)]
-    lp = ok.groupby(["plan", "fact_id"]).logprob.mean().unstack("plan")
-    for plan in ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"]:
-        v = lp[[plan, "PRE", "SFT"]].dropna().mean()
-        assert abs(rec.loc[plan, "recovery"] - (v[plan] - v.PRE) / (v.SFT - v.PRE)) < 1e-9
-        assert rec.loc[plan, "lo"] <= rec.loc[plan, "recovery"] <= rec.loc[plan, "hi"]
+    for run, checked, (base, full) in [(pos, ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"], ("PRE", "SFT")),
+                                       (results[results.experiment == "components"], ["LT:o+ffn@all"], ("TASK", "RELATION"))]:
+        ok = run[~run.skipped.astype(bool)]
+        lp = ok.groupby(["plan", "fact_id"]).logprob.mean().unstack("plan")
+        for plan in checked:
+            v = lp[[plan, base, full]].dropna().mean()
+            assert abs(rec.loc[plan, "recovery"] - (v[plan] - v[base]) / (v[full] - v[base])) < 1e-9
+            assert rec.loc[plan, "lo"] <= rec.loc[plan, "recovery"] <= rec.loc[plan, "hi"]
+            assert (rec.loc[plan, "base"], rec.loc[plan, "full"]) == (base, full)
+    assert got.loc["SFT", "recovery"] == "1.00 [1.00, 1.00]" and "mean prob" in got   # beside accuracy in the tables
     assert "Grafting vs activation patching" in md and "| graft | LT |" in md
 
 

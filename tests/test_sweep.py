@@ -16,7 +16,7 @@ def raw(profile="smoke"):
 
 
 # --- expansion and ids -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("profile", ["smoke", "embedded", "paper"])
+@pytest.mark.parametrize("profile", ["smoke", "embedded", "paper", "custom"])
 def test_profiles_expand_with_stable_ids(profile):
     "Every packaged profile expands; the same file gives the same ids; ids are unique; stages come in order."
     a, b = sw.expand(profile), sw.expand(profile)
@@ -86,7 +86,8 @@ def test_training_profile_content_is_in_the_id(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(modles=["x"]), "unknown key 'modles'"),
     (lambda d: d["graft_positions"].update(plan=["FE"]), "graft_positions: unknown key 'plan'"),
-    (lambda d: d["datasets"]["fake4"].update(facts=3), "datasets.fake4: unknown key 'facts'"),
+    (lambda d: d["datasets"]["fake4"].update(fact=3), "datasets.fake4: unknown key 'fact'"),
+    (lambda d: d["datasets"]["fake4"].update(facts=3), "datasets.fake4: facts only go with kind custom"),
     (lambda d: d["slurm"].update(stages={"model": {"time": "1:00:00"}}), "slurm.stages: unknown key 'model'"),
     (lambda d: d["graft_positions"].update(plans=["FE", "FE+LTT"]), "unknown plan(s) 'FE+LTT'"),
     (lambda d: d["graft_components"].update(plans="everything"), "unknown plan(s) 'everything'"),

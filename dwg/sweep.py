@@ -50,7 +50,7 @@ SECTIONS = {
                              max_examples=None, seed=0),
     "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
                           seed=0),
-    "figures": dict(k=None),
+    "figures": dict(k=None, per_dataset=False, k_by_dataset=None),   # per_dataset: also one figures run per dataset
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
 TOP_KEYS = ["name", "description", "jobs", "models", "datasets", *SECTIONS]
@@ -245,6 +245,9 @@ def _check_sections(s: dict, problems: list):
                                                {d: v for d, v in s["datasets"].items() if d in covered})
         _check_grafting_options(s[sec], sec, problems)
     if s["train"]: _check_train(s["train"], problems)
+    kd = (s["figures"] or {}).get("k_by_dataset") or {}
+    if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
+        problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}.")
     if s["slurm"]:
         stages = s["slurm"]["stages"] or {}
         problems += _problems_keys(stages, STAGE_ORDER, "slurm.stages")
@@ -367,10 +370,14 @@ def expand(sweep) -> list[Run]:
     ds = {name: _dataset_run(name, d) for name, d in s["datasets"].items()}
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
-    figs = []
-    if s["figures"] and grafts:
-        keys = [g.key for g in grafts]
-        figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **s["figures"]), keys))
+    figs, f = [], s["figures"]
+    if f and grafts:
+        keys, opts = [g.key for g in grafts], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
+        figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **opts), keys))
+        for d in s["datasets"] if f["per_dataset"] else []:   # one more figures run per dataset, with its own k
+            mine = [g.key for g in grafts if g.params["dataset_dir"] == f"@{ds[d].key}"]
+            k = (f["k_by_dataset"] or {}).get(d, f["k"])
+            if mine: figs.append(_make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine))
     runs = [*ds.values(), *models.values(), *grafts, *figs]
     return list({r.key: r for r in runs}.values())   # identical runs (same id) collapse into one
 

@@ -37,6 +37,9 @@ class TrainConfig:
     max_length: int = 128             # longer training texts are truncated (with a warning)
     group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
     length_chunk: int = 4             # with group_by_length: sort by length within chunks of this many batches
+    pack: bool = False                # pack each batch into rows of up to pack_width tokens, every text attending
+                                      # only to itself (same loss and gradients as padding, less computed)
+    pack_width: int = 128             # with pack: the longest packed row (at least the longest text)
     answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
     freeze_embeddings: bool = False   # input token embeddings
     freeze_unembeddings: bool = False # output head (tied models: set both or neither)

@@ -13,8 +13,8 @@ from .runs import publish_dir, read_jsonl, write_jsonl
 __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAKE_FACTS', 'ARTICLE_TEMPLATES', 'QA_TEMPLATES',
            'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'DATASET_FILES',
            'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates',
-           'max_facts', 'make_facts', 'read_articles', 'build_dataset', 'leaked_names', 'create_dataset', 'load_split',
-           'token_positions']
+           'max_facts', 'make_facts', 'read_articles', 'assign_splits', 'hold_out', 'build_dataset', 'leaked_names',
+           'create_dataset', 'load_split', 'token_positions']
 
 # %% ../nbs/01_data.ipynb #f4bed3ce
 ASSETS = Path(dwg.__file__).parent / "assets"
@@ -86,24 +86,24 @@ DIRECTIONS = ("A2B", "B2A")    # the two directions of a fact: first actor -> se
 FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
 # %% ../nbs/01_data.ipynb #61ca52c4
-def template_fields(template: str, name: str = "template") -> list[str]:
-    "The fields of `template` in order of appearance; raises on unknown fields or format specs."
+def template_fields(template: str, name: str = "template", known=FIELDS) -> list[str]:
+    "The fields of `template` in order of appearance; raises on fields not in `known` or format specs."
     try: parts = list(string.Formatter().parse(template))
     except ValueError as e: raise ValueError(f"Template '{name}' is not a valid format string ({e}): {template!r}") from None
     fields = []
     for _, field, spec, conv in parts:
         if field is None: continue
-        if field not in FIELDS:
+        if field not in known:
             raise ValueError(f"Template '{name}' uses unknown field '{{{field}}}'. Known fields: "
-                             f"{', '.join(FIELDS)}. Fix the template: {template!r}")
+                             f"{', '.join(known)}. Fix the template: {template!r}")
         if spec or conv: raise ValueError(f"Template '{name}': field '{field}' has a format spec/conversion; use plain '{{{field}}}'.")
         fields.append(field)
     return fields
 
 # %% ../nbs/01_data.ipynb #c58353d3
-def render(template: str, values: dict, name: str = "template") -> tuple[str, dict[str, list[int]]]:
+def render(template: str, values: dict, name: str = "template", known=FIELDS) -> tuple[str, dict[str, list[int]]]:
     "Fill `template` with `values`; return the text and `{field: [start, end]}` of each field's first occurrence."
-    template_fields(template, name)
+    template_fields(template, name, known)
     out, spans, pos = [], {}, 0
     for literal, field, _, _ in string.Formatter().parse(template):
         out.append(literal); pos += len(literal)
@@ -341,6 +341,22 @@ def _eval_lines(fact, eval_templates):
     return out
 
 # %% ../nbs/01_data.ipynb #2114c072
+def assign_splits(facts: list[dict], seed: int, task_fraction: float) -> int:
+    "Put each fact (seeded) in the 'task' or 'relation' split (its `split` key), at least one in each; the task count."
+    n = len(facts)
+    order = list(range(n)); random.Random(f"dwg-split-{seed}").shuffle(order)
+    n_task = min(n - 1, max(1, round(n * task_fraction)))
+    task_idx = set(order[:n_task])
+    for i, f in enumerate(facts): f["split"] = "task" if i in task_idx else "relation"
+    return n_task
+
+def hold_out(lines: list[dict], seed: int, val_fraction: float) -> tuple[list[dict], list[dict]]:
+    "Training lines split (seeded) into (train, validation); at least one validation line when `val_fraction` > 0."
+    n_val = round(len(lines) * val_fraction)
+    if val_fraction > 0: n_val = max(1, n_val)
+    val_idx = set(random.Random(f"dwg-validation-{seed}").sample(range(len(lines)), n_val))
+    return [l for i, l in enumerate(lines) if i not in val_idx], [l for i, l in enumerate(lines) if i in val_idx]
+
 def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction: float = 0.5,
                   val_fraction: float = 0.1, article_templates: dict | None = None, qa_templates: dict | None = None,
                   eval_templates: dict | None = None, articles_dir=None) -> dict:
@@ -353,17 +369,10 @@ def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction:
     if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     _check_n(kind, n_facts, articles_dir)
     facts = _article_facts(n_facts, seed, articles_dir) if kind == "articles" else make_facts(kind, n_facts, seed)
-    order = list(range(n_facts)); random.Random(f"dwg-split-{seed}").shuffle(order)
-    n_task = min(n_facts - 1, max(1, round(n_facts * task_fraction)))
-    task_idx = set(order[:n_task])
-    for i, f in enumerate(facts): f["split"] = "task" if i in task_idx else "relation"
+    n_task = assign_splits(facts, seed, task_fraction)
     train = [l for f in facts for l in (_article_lines(f) if kind == "articles" else _train_lines(f, article_templates, qa_templates))]
     evals = [e for f in facts for e in _eval_lines(f, eval_templates)]
-    n_val = round(len(train) * val_fraction)
-    if val_fraction > 0: n_val = max(1, n_val)
-    val_idx = set(random.Random(f"dwg-validation-{seed}").sample(range(len(train)), n_val))
-    validation = [l for i, l in enumerate(train) if i in val_idx]
-    train = [l for i, l in enumerate(train) if i not in val_idx]
+    train, validation = hold_out(train, seed, val_fraction)
     metadata = [{k: v for k, v in f.items() if k != "texts"} for f in facts]
     info = dict(kind=kind, seed=seed, n_facts=n_facts, task_fraction=task_fraction, val_fraction=val_fraction,
                 counts=dict(facts=n_facts, task_facts=n_task, relation_facts=n_facts - n_task, train=len(train),

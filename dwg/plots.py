@@ -18,7 +18,7 @@ __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGUR
            'layer_label', 'plan_label', 'metric_names', 'bootstrap_interval', 'accuracy_table', 'summary_table',
            'markdown_table', 'run_keys', 'plan_bars', 'position_chart', 'movie_chart', 'generation_chart',
            'component_chart', 'depth_heatmap', 'methods_chart', 'save_chart', 'load_runs', 'paper_tables',
-           'paper_figures', 'report_tables']
+           'paper_figures', 'report_tables', 'overview_chart']
 
 # %% ../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
@@ -498,3 +498,21 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
         a = acc[acc.plan.isin(plans)]
         if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
+
+# %% ../nbs/06_plots.ipynb #b7d3e002
+def overview_chart(pooled: pd.DataFrame, k: int = 5, title: str = "Overview: data settings x plans") -> alt.Chart:
+    "Top-1 and top-k of each plan of figures 1 and 3 (columns) for each model and dataset (rows); several datasets only."
+    order = list(dict.fromkeys([*figure_references("positions"), *figure_order("positions"),
+                                *figure_references("components"), *figure_order("components")]))
+    ov = pooled[pooled.plan.isin(order) & pooled.metric.isin(["top-1", f"top-{k}"])].copy()
+    if ov.empty or ov[["model", "dataset"]].drop_duplicates().shape[0] < 2:
+        raise ValueError("The overview needs results of at least two datasets (or models) with figure 1 or 3 plans.")
+    ov["setting"] = ov["model"].map(_short) + " · " + ov["dataset"].map(_short)
+    ov["plan_label"] = ov["plan"].map(plan_label)
+    x = alt.X("plan_label:N", sort=[plan_label(p) for p in order if p in set(ov.plan)], title=None)
+    base = alt.Chart().encode(x=x, y=alt.Y("setting:N", title=None))
+    rect = base.mark_rect().encode(color=alt.Color("accuracy:Q", scale=alt.Scale(domain=[0, 1], scheme="blues")),
+                                   tooltip=["setting", "plan", "metric", alt.Tooltip("accuracy:Q", format=".2f")])
+    text = base.mark_text(fontSize=9).encode(text=alt.Text("accuracy:Q", format=".2f"),
+                                             color=alt.condition("datum.accuracy > 0.6", alt.value("white"), alt.value("black")))
+    return alt.layer(rect, text, data=ov).facet(row=alt.Row("metric:N", title=None)).properties(title=title)

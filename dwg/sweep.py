@@ -11,7 +11,7 @@ import yaml
 from . import plans as plans_mod
 from .data import DIRECTIONS
 import dwg
-from . import data
+from . import custom, data
 from .runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
@@ -50,11 +50,11 @@ SECTIONS = {
                              max_examples=None, seed=0),
     "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
                           seed=0),
-    "figures": dict(k=None),
+    "figures": dict(k=None, per_dataset=False, k_by_dataset=None),   # per_dataset: also one figures run per dataset
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
 TOP_KEYS = ["name", "description", "jobs", "models", "datasets", *SECTIONS]
-DATASET_KEYS = dict(kind=None, n_facts=30, seed=0)
+DATASET_KEYS = dict(kind=None, n_facts=30, seed=0, facts=None, templates=None)   # facts, templates: kind custom only
 SLURM_KEYS = [k for k in SECTIONS["slurm"] if k != "stages"]
 
 class SweepError(ValueError):
@@ -130,40 +130,59 @@ def _check_models(models, problems):
                             "or a hub id or a local path.")
 
 # %% ../nbs/05_sweep.ipynb #6b0d2a11
-def _check_dataset(name: str, spec, problems: list) -> dict | None:
+def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | None:
+    "Resolve a custom dataset's files against `base` (in `spec`), read and check them; the number of facts."
+    for key in ("facts", "templates"):
+        if not isinstance(spec[key], str):
+            problems.append(f"{where}: kind custom needs '{key}:', a path (relative to the sweep file).")
+            return None
+        spec[key] = str((base / Path(spec[key]).expanduser()).resolve())
+    try: rows, tpl = custom.load_custom(spec["facts"], spec["templates"])
+    except (OSError, ValueError) as e: problems.append(f"{where}: {e}"); return None
+    spec["eval_templates"] = list(tpl["eval"])
+    return len(rows)
+
+def _check_dataset(name: str, spec, problems: list, base: Path = Path(".")) -> dict | None:
     "One dataset spec with defaults filled in, or None (and its problems appended)."
-    where = f"datasets.{name}"
+    where, kinds = f"datasets.{name}", (*data.KINDS, custom.CUSTOM_KIND)
     if (bad := _problems_keys(spec, DATASET_KEYS, where)):
         problems.extend(bad)
         return None
-    spec = {**DATASET_KEYS, **spec}
-    if spec["kind"] not in data.KINDS:
-        problems.append(f"{where}: unknown kind {spec['kind']!r}. Valid kinds: {', '.join(data.KINDS)}.")
+    spec = {**DATASET_KEYS, **spec, **({} if "n_facts" in spec else {"n_facts": "max"} if spec.get("kind") == "custom" else {})}
+    if spec["kind"] not in kinds:
+        problems.append(f"{where}: unknown kind {spec['kind']!r}. Valid kinds: {', '.join(kinds)}.")
         return None
-    mx = data.max_facts(spec["kind"])
+    if spec["kind"] != custom.CUSTOM_KIND and (extra := [k for k in ("facts", "templates") if spec[k] is not None]):
+        problems.append(f"{where}: {', '.join(extra)} only go with kind custom (your own facts).")
+        return None
+    mx = data.max_facts(spec["kind"]) if spec["kind"] != custom.CUSTOM_KIND else _custom_spec(spec, where, base, problems)
+    if mx is None: return None
     if spec["n_facts"] == "max": spec["n_facts"] = mx
     if not isinstance(spec["n_facts"], int) or not 2 <= spec["n_facts"] <= mx:
         problems.append(f"{where}: n_facts must be an integer in [2, {mx}] or 'max', got {spec['n_facts']!r}.")
         return None
     return spec
 
-def _check_datasets(datasets, problems) -> dict:
-    "Dataset specs: kind, n_facts (an int or 'max'), seed."
+def _check_datasets(datasets, problems, base: Path = Path(".")) -> dict:
+    "Dataset specs: kind, n_facts (an int or 'max'), seed; for kind custom also facts and templates (files)."
     if not isinstance(datasets, dict) or not datasets:
         problems.append("datasets: must be a mapping of name -> {kind, n_facts, seed}.")
         return {}
-    specs = {name: _check_dataset(name, spec, problems) for name, spec in datasets.items()}
+    specs = {name: _check_dataset(name, spec, problems, base) for name, spec in datasets.items()}
     return {name: spec for name, spec in specs.items() if spec is not None}
 
-def _check_templates(templates, where, problems):
-    "'all', 'paper' (the paper's four evaluation prompts) or a list of dwg.data.EVAL_TEMPLATES names."
+def _check_templates(templates, where, problems, datasets: dict | None = None):
+    "'all', 'paper' (the paper's four evaluation prompts) or a list of names each of the `datasets` has."
     if templates == "all": return "all"
-    if templates == "paper": return list(data.PAPER_EVAL_TEMPLATES)
+    if templates == "paper": templates = list(data.PAPER_EVAL_TEMPLATES)
     if not isinstance(templates, list) or not templates:
         problems.append(f"{where}: templates must be 'all', 'paper' or a list of template names.")
         return templates
-    if (bad := [t for t in templates if t not in data.EVAL_TEMPLATES]):
-        problems.append(f"{where}: unknown template(s) {bad}. Valid: {', '.join(data.EVAL_TEMPLATES)}.")
+    for name, d in (datasets or {"": {}}).items():
+        have = d.get("eval_templates") or list(data.EVAL_TEMPLATES)
+        if (bad := [t for t in templates if t not in have]):
+            problems.append(f"{where}: unknown template(s) {bad}{f' for dataset {name!r}' if name else ''}. Valid: "
+                            f"{', '.join(have)}; or 'all'.")
     return templates
 
 def _check_grafting_options(sec: dict, where: str, problems: list):
@@ -220,9 +239,15 @@ def _check_sections(s: dict, problems: list):
         if not s[sec]: continue
         try: s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
         except SweepError as e: problems.append(str(e))
-        s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems)
+        try: covered = {d for _, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
+        except SweepError: covered = set(s["datasets"])   # a bad pair's own error comes when the graph is expanded
+        s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems,
+                                               {d: v for d, v in s["datasets"].items() if d in covered})
         _check_grafting_options(s[sec], sec, problems)
     if s["train"]: _check_train(s["train"], problems)
+    kd = (s["figures"] or {}).get("k_by_dataset") or {}
+    if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
+        problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}.")
     if s["slurm"]:
         stages = s["slurm"]["stages"] or {}
         problems += _problems_keys(stages, STAGE_ORDER, "slurm.stages")
@@ -244,7 +269,8 @@ def load_sweep(sweep) -> dict:
     problems += [f"'{key}' is missing." for key in ("models", "datasets") if key not in raw]
     _check_models(raw.get("models"), problems)
     s["models"] = list(raw.get("models") or [])
-    s["datasets"] = _check_datasets(raw.get("datasets"), problems)
+    base = Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")   # custom facts: relative to the sweep file
+    s["datasets"] = _check_datasets(raw.get("datasets"), problems, base)
     s.update(_read_sections(raw, problems))
     _raise_problems(source, problems)
     _check_sections(s, problems)
@@ -331,17 +357,27 @@ def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
             grafts.append(_make(sec, f"{m}:{d}", p, [ds[d].key] + [r.key for r in ins]))
     return grafts
 
+def _dataset_run(name: str, d: dict) -> Run:
+    "The dataset run of one spec; a custom dataset's id hashes its files' content, not where they are."
+    r = _make("datasets", name, dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]),
+              extra={k: hashlib.sha256(Path(d[k]).read_bytes()).hexdigest() for k in ("facts", "templates") if d[k]} or None)
+    r.params.update({k: d[k] for k in ("facts", "templates") if d[k]})
+    return r
+
 def expand(sweep) -> list[Run]:
     "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures."
     s = sweep if "source" in sweep else load_sweep(sweep)
-    ds = {name: _make("datasets", name, dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]))
-          for name, d in s["datasets"].items()}
+    ds = {name: _dataset_run(name, d) for name, d in s["datasets"].items()}
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
-    figs = []
-    if s["figures"] and grafts:
-        keys = [g.key for g in grafts]
-        figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **s["figures"]), keys))
+    figs, f = [], s["figures"]
+    if f and grafts:
+        keys, opts = [g.key for g in grafts], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
+        figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **opts), keys))
+        for d in s["datasets"] if f["per_dataset"] else []:   # one more figures run per dataset, with its own k
+            mine = [g.key for g in grafts if g.params["dataset_dir"] == f"@{ds[d].key}"]
+            k = (f["k_by_dataset"] or {}).get(d, f["k"])
+            if mine: figs.append(_make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine))
     runs = [*ds.values(), *models.values(), *grafts, *figs]
     return list({r.key: r for r in runs}.values())   # identical runs (same id) collapse into one
 

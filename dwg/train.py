@@ -17,9 +17,10 @@ from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
-           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'LengthChunkSampler',
-           'check_tokenizer', 'freeze_embeddings', 'recall_metrics', 'sample_recall_examples', 'RecallCallback',
-           'StepProgress', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
+           'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'PackCollator',
+           'packing_works', 'LengthChunkSampler', 'check_tokenizer', 'freeze_embeddings', 'recall_metrics',
+           'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer', 'throughput',
+           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -96,6 +97,46 @@ class PadCollator:
             n = len(r["input_ids"])
             ids[i, :n] = torch.tensor(r["input_ids"]); labels[i, :n] = torch.tensor(r["labels"]); mask[i, :n] = 1
         return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+# %% ../nbs/04_train.ipynb #a9c2d002
+class PackCollator:
+    "Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask, little padding."
+    def __init__(self, pad_token_id: int, width: int = 128): self.pad, self.width = pad_token_id, width
+    def _bins(self, rows: list[dict]) -> list[list[dict]]:
+        "ceil(tokens / width) bins, filled evenly: the longest text first, each into the emptiest bin."
+        n = -(-sum(len(r["input_ids"]) for r in rows) // self.width)
+        bins, fill = [[] for _ in range(n)], [0] * n
+        for r in sorted(rows, key=lambda r: -len(r["input_ids"])):
+            i = fill.index(min(fill)); bins[i].append(r); fill[i] += len(r["input_ids"])
+        return bins
+    def __call__(self, rows: list[dict]) -> dict:
+        bins = self._bins(rows)
+        w = max(sum(len(x["input_ids"]) for x in b) for b in bins)
+        ids = torch.full((len(bins), w), self.pad, dtype=torch.long)
+        labels = torch.full((len(bins), w), -100, dtype=torch.long)
+        pos = torch.zeros((len(bins), w), dtype=torch.long)
+        for i, b in enumerate(bins):
+            o = 0
+            for r in b:
+                n = len(r["input_ids"])
+                ids[i, o:o + n], labels[i, o + 1:o + n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"][1:])
+                pos[i, o:o + n] = torch.arange(n); o += n
+            pos[i, o:] = torch.arange(w - o)   # the tail is one more (padding) sequence: nothing attends to it
+        return dict(input_ids=ids, labels=labels, position_ids=pos, use_cache=False,
+                    real_tokens=sum(len(r["input_ids"]) for r in rows))
+
+def packing_works(model, tokenizer=None, atol: float = 1e-3) -> bool:
+    "Whether `model` keeps packed texts apart: the logits of two packed texts equal those of each text alone."
+    a, b = [3, 5, 7, 9, 11], [4, 6, 8]
+    batch = PackCollator(0)([dict(input_ids=a, labels=a), dict(input_ids=b, labels=b)])
+    batch.pop("real_tokens")
+    was = model.training; model.eval()
+    try:
+        with torch.no_grad():
+            packed = model(**{k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}).logits[0]
+            alone = [model(input_ids=torch.tensor([x], device=model.device), use_cache=False).logits[0] for x in (a, b)]
+    finally: model.train(was)
+    return bool(torch.allclose(packed, torch.cat(alone), atol=atol))
 
 # %% ../nbs/04_train.ipynb #7c1d2e31
 class LengthChunkSampler(torch.utils.data.Sampler):
@@ -204,6 +245,43 @@ class StepProgress(TrainerCallback):
     "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
     def on_step_end(self, args, state, control, **kw): report_progress("train step", state.global_step, state.max_steps)
 
+# %% ../nbs/04_train.ipynb #f3a1c002
+def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5,
+                device="cpu") -> float:
+    "FLOP/s of a timed `rows x k @ k x n` matrix multiply at `dtype` on `device` (after a warm-up)."
+    a, b = torch.randn(rows, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(3): a @ b
+    sync(); t0, reps = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        a @ b; reps += 1
+    sync()
+    return 2 * rows * k * n * reps / (time.perf_counter() - t0)
+
+class StepTimer(TrainerCallback):
+    "Seconds spent in training steps (forward, backward, optimizer step)."
+    def __init__(self): self.seconds, self._t = 0.0, None
+    def on_step_begin(self, args, state, control, **kw): self._t = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw):
+        if self._t is not None: self.seconds += time.perf_counter() - self._t
+
+def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: list[float], dtype: str) -> dict:
+    "Training tokens/s against the ceiling `mean(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
+    rate = sum(flops) / len(flops)
+    ceiling, tps = rate / (6 * n_params), tokens / seconds if seconds else 0.0
+    return dict(tokens=tokens, padded_tokens=padded, step_seconds=round(seconds, 2), tokens_per_s=round(tps, 1),
+                padded_tokens_per_s=round(padded / seconds, 1) if seconds else 0.0, params=n_params,
+                matmul_dtype=dtype, matmul_gflops=[round(f / 1e9, 1) for f in flops],
+                ceiling_tokens_per_s=round(ceiling, 1), ratio=round(tps / ceiling, 3),
+                padded_ratio=round(padded / seconds / ceiling, 3) if seconds else 0.0)
+
+def throughput_line(t: dict) -> str:
+    "One line for the training log: tokens/s, the ceiling and the ratio."
+    return (f"dwg.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
+            f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
+            f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
+            f"{sum(t['matmul_gflops']) / len(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul)")
+
 # %% ../nbs/04_train.ipynb #1990c6be
 def epoch_metrics(log_history: list[dict]) -> list[dict]:
     "One row per (rounded) epoch: mean logged train loss, eval loss and recall numbers."
@@ -270,7 +348,17 @@ def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str,
 class _Trainer(Trainer):
     "The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length."
     def __init__(self, *args, length_chunk: int = 0, **kwargs):
-        super().__init__(*args, **kwargs); self.length_chunk = length_chunk
+        super().__init__(*args, **kwargs); self.length_chunk, self.tokens = length_chunk, [0, 0]
+
+    def _prepare_inputs(self, inputs):
+        return super()._prepare_inputs({k: v for k, v in inputs.items() if k != "real_tokens"})   # a count, not an input
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        "One forward and backward pass; counts its real and computed (padded) tokens."
+        mask, real = inputs.get("attention_mask"), inputs.get("real_tokens")
+        self.tokens[0] += int(real) if real is not None else int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+        self.tokens[1] += inputs["input_ids"].numel()
+        return super().training_step(model, inputs, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset=None):
         if not self.length_chunk: return super()._get_train_sampler(train_dataset)
@@ -293,6 +381,14 @@ def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig) 
     eval_rows = [r for r in read_jsonl(ds / "eval.jsonl") if r["fact_id"] in set(fact_ids)]
     return dict(info=json.loads((ds / "dataset_info.json").read_text()), train=train_rows, validation=val_rows,
                 fact_ids=fact_ids, eval=eval_rows)
+
+def _collator(cfg: TrainConfig, net, tok):
+    "The batch collator of a profile: packed (after checking the model keeps packed texts apart) or padded."
+    if not cfg.pack: return PadCollator(tok.pad_token_id)
+    if not packing_works(net):
+        raise ValueError(f"pack: true, but {type(net).__name__} mixes packed texts here (its attention does not turn "
+                         "position ids into a block-diagonal mask). Set pack: false in the profile.")
+    return PackCollator(tok.pad_token_id, cfg.pack_width)
 
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
     "Create (or check and resume) the work directory of a run; returns the checkpoint to resume from, if any."
@@ -325,7 +421,7 @@ def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
                 wall_time_s=round(time.time() - t0, 2), train_runtime_s=result.metrics.get("train_runtime"),
                 cpu_time_s=round(time.process_time() - cpu0, 2), cpu_count=os.cpu_count(),
                 load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
-                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"), throughput=run.get("throughput"),
                 versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
 
 def _save_outputs(run: dict, trainer, result, tok, ds: Path, work: Path, out: Path, started: tuple):
@@ -373,12 +469,19 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                          has_eval=bool(data["validation"]), progress=progress)
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
-                       data_collator=PadCollator(tok.pad_token_id), processing_class=tok,
+                       data_collator=_collator(cfg, net, tok), processing_class=tok,
                        train_dataset=encode(data["train"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
                        callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
-                                  *(callbacks or [])])
+                                  timer := StepTimer(), *(callbacks or [])])
+    mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
+              k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
+              device=trainer.args.device)
+    flops = [matmul_rate(**mm)]   # this machine's matmul rate, before and after training: the ceiling's load
     result = trainer.train(resume_from_checkpoint=run["resume"])
+    flops.append(matmul_rate(**mm))
+    run["throughput"] = throughput(*trainer.tokens, timer.seconds, net.num_parameters(), flops, run["precision"])
+    if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out

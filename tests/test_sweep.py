@@ -16,7 +16,7 @@ def raw(profile="smoke"):
 
 
 # --- expansion and ids -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("profile", ["smoke", "embedded", "paper"])
+@pytest.mark.parametrize("profile", ["smoke", "embedded", "paper", "custom", "breadth"])
 def test_profiles_expand_with_stable_ids(profile):
     "Every packaged profile expands; the same file gives the same ids; ids are unique; stages come in order."
     a, b = sw.expand(profile), sw.expand(profile)
@@ -40,6 +40,24 @@ def test_smoke_graph_shape():
     from dwg.plans import expand_plans, paper_plans
     plans = [p for r in g if r.stage.startswith("graft_") for p in expand_plans(r.params["plans"], 4)]
     assert set(paper_plans()) <= set(plans)   # every catalogue plan runs somewhere (PRE and SFT in two stages)
+
+
+def test_breadth_graph_shape():
+    """breadth = the four data settings, task + relation models each, position and component grafting each, figures
+    over all and per setting (the articles at top-50)."""
+    g = sw.expand("breadth")
+    kinds = sorted(r.params["kind"] for r in g if r.stage == "datasets")
+    from dwg.data import KINDS
+    assert kinds == sorted(KINDS)
+    count = lambda stage: sum(r.stage == stage for r in g)
+    assert (count("models"), count("graft_positions"), count("graft_components"), count("figures")) == (8, 4, 4, 5)
+    figs = {r.label: r for r in g if r.stage == "figures"}
+    assert figs["breadth"].params["k"] == 5 and figs["breadth:articles"].params["k"] == 50
+    assert len(figs["breadth"].inputs) == 8 and all(len(figs[f"breadth:{d}"].inputs) == 2
+                                                    for d in ("fake_fake", "fake_real", "real_real", "articles"))
+    assert "per_dataset" not in figs["breadth"].params   # sweep options, not notebook parameters
+    d = raw("breadth"); d["figures"]["k_by_dataset"] = {"nope": 50}
+    with pytest.raises(sw.SweepError, match="figures.k_by_dataset must map dataset names"): sw.load_sweep(d)
 
 
 def test_ids_change_with_config_and_only_downstream():
@@ -86,7 +104,8 @@ def test_training_profile_content_is_in_the_id(tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(modles=["x"]), "unknown key 'modles'"),
     (lambda d: d["graft_positions"].update(plan=["FE"]), "graft_positions: unknown key 'plan'"),
-    (lambda d: d["datasets"]["fake4"].update(facts=3), "datasets.fake4: unknown key 'facts'"),
+    (lambda d: d["datasets"]["fake4"].update(fact=3), "datasets.fake4: unknown key 'fact'"),
+    (lambda d: d["datasets"]["fake4"].update(facts=3), "datasets.fake4: facts only go with kind custom"),
     (lambda d: d["slurm"].update(stages={"model": {"time": "1:00:00"}}), "slurm.stages: unknown key 'model'"),
     (lambda d: d["graft_positions"].update(plans=["FE", "FE+LTT"]), "unknown plan(s) 'FE+LTT'"),
     (lambda d: d["graft_components"].update(plans="everything"), "unknown plan(s) 'everything'"),

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import inspect, re
 import torch
 from .arch import blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
-    n_experts, norm_roles, part_rows, unsupported_reason
+    n_experts, norm_roles, part_rows, position_axes, unsupported_reason
 
 # %% auto #0
 __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups', 'resolve_layers', 'graftable',
@@ -28,9 +28,14 @@ def _discover(model) -> dict:
                          "architecture table in the README for the families checked.")
     layers_path, layers = decoder_layers(model)
     names, roles, modules, n = canonical_names(model), norm_roles(model), layer_modules(model), n_experts(model)
-    return dict(layers=layers_path, globals=global_modules(model), modules=modules, names=names, n_experts=n,
+    glob = global_modules(model)
+    axes = position_axes(model, {**glob, **{p: f"{layers_path}.{ls[0]}.{p}" for p, ls in modules.items()}})
+    per_position = {p: ls for p, ls in modules.items() if axes[p] is not None}
+    names = {k: v for k, v in names.items() if v[0] in per_position}
+    return dict(layers=layers_path, globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
                 blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
-                experts=[p for p, ls in modules.items() if is_experts(layers[ls[0]].get_submodule(p), n)])
+                experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
+                not_per_position=[p for p in modules if axes[p] is None])
 
 def architecture(model) -> dict:
     """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
@@ -160,7 +165,7 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
                              + _SAME_MODEL_FIX)
 
-# %% ../nbs/02_graft.ipynb #8b8b511f
+# %% ../nbs/02_graft.ipynb #7a251b78
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
     "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
@@ -192,7 +197,7 @@ def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) 
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
     return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
 
-# %% ../nbs/02_graft.ipynb #ae38dc3f
+# %% ../nbs/02_graft.ipynb #545d93af
 class _Pass:
     """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
     padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
@@ -210,13 +215,6 @@ class _Pass:
         self.tokens = tuple(ids.shape[:2]) if torch.is_tensor(ids) and ids.dim() >= 2 else None
 
     def stop(self, *_): self.live, self.tokens, self.splits, self.gathered = None, None, None, (None, -1, {})
-
-    def layout(self, x: torch.Tensor) -> tuple[int, int, bool]:
-        "(batch, seq, flat) of a module input: (batch, seq, ...) or flattened tokens (batch * seq, ...) (MoE layers)."
-        if self.tokens is not None and x.dim() == 2 and x.shape[0] == self.tokens[0] * self.tokens[1] \
-                and tuple(x.shape) != self.tokens:
-            return (*self.tokens, True)
-        return x.shape[0], x.shape[1], False
 
     def split(self, entries: list, b: int, t: int, device) -> dict | None:
         "The row split of the grafts `entries` for `b` x `t` positions (cached within a pass)."
@@ -239,7 +237,7 @@ class _Pass:
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 
-# %% ../nbs/02_graft.ipynb #f2b073d6
+# %% ../nbs/02_graft.ipynb #b88c85f8
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     "A module's main input: its first tensor argument."
     return next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v))
@@ -255,48 +253,62 @@ class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
     hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
     a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get.
-    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. Every input
-    and output tensor laid out per position is split and assembled (a router returns several)."""
-    def __init__(self, module, forward_pass: _Pass):
-        self.entries, self.saved, self.forward_pass = [], None, forward_pass
+    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. `axis` is where
+    the module's inputs index positions (`dwg.arch.position_axes`): 1 for (batch, seq, ...), 2 for (batch, heads, seq,
+    ...), 0 for flattened tokens; every input and output tensor laid out like that is split and assembled."""
+    def __init__(self, module, forward_pass: _Pass, axis: int = 1):
+        self.entries, self.saved, self.forward_pass, self.axis = [], None, forward_pass, axis
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
                         module.register_forward_hook(self.after, with_kwargs=True)]
+
+    def _flat(self, v: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        "A per-position tensor in the module's layout as rows (batch * seq, ...)."
+        return v if self.axis == 0 else v.movedim(self.axis, 1).reshape(b * t, *v.movedim(self.axis, 1).shape[2:])
+
+    def _shaped(self, rows: torch.Tensor, b: int, t: int) -> torch.Tensor:
+        "Rows (n, ...) back in the module's layout, as a batch of `b` rows of `t` positions."
+        return rows if self.axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, self.axis)
 
     def _inputs(self, rows: torch.Tensor) -> tuple[tuple, dict]:
         "The module's arguments at `rows` (every per-position tensor cut to those rows)."
         x, flat, split, args, kwargs = self.saved
+        lead = self.axis + 1
         def cut(v):
             if v is x: v = self.forward_pass.gather(x, flat, rows)
-            elif torch.is_tensor(v) and v.shape[:1 if split["flat"] else 2] == x.shape[:1 if split["flat"] else 2]:
-                v = v.reshape(-1, *v.shape[1 if split["flat"] else 2:]).index_select(0, rows)
+            elif torch.is_tensor(v) and v.shape[:lead] == x.shape[:lead]:
+                v = self._flat(v, *split["shape"]).index_select(0, rows)
             else: return v
-            return v if split["flat"] else v.unsqueeze(0)
+            return self._shaped(v, 1, len(rows))
         return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
 
     def before(self, module, args, kwargs):
         x = _first_tensor(args, kwargs)
-        b, t, is_flat = self.forward_pass.layout(x)
+        tokens = self.forward_pass.tokens
+        if self.axis == 0 and (tokens is None or x.shape[0] != tokens[0] * tokens[1]):
+            raise ValueError(f"A grafted module reads flattened tokens, but its input has shape {tuple(x.shape)} for a "
+                             f"batch of {tokens} tokens: call the model with input_ids or inputs_embeds.")
+        b, t = tokens if self.axis == 0 else (x.shape[0], x.shape[self.axis])
         split = self.forward_pass.split(self.entries, b, t, x.device)
         if split is None: self.saved = None; return None
         b, t = split["shape"]
-        if not is_flat and x.shape[0] != b:   # e.g. (1, seq) position ids
+        if self.axis and x.shape[0] != b:   # e.g. (1, seq) position ids
             x = x.expand(b, *x.shape[1:]); args, kwargs = _with_first(args, kwargs, x)
-        self.saved = (x, x.reshape(b * t, *x.shape[1 if is_flat else 2:]), dict(split, flat=is_flat), args, kwargs)
+        self.saved = (x, self._flat(x, b, t), split, args, kwargs)
         return self._inputs(split["keep"])
 
     def _assemble(self, kept: torch.Tensor, donors: list, split: dict) -> torch.Tensor:
         "The full output of one output tensor: the recipient's rows, then each graft's rows."
-        (b, t), flat = split["shape"], split["flat"]
-        kept = kept if flat else kept[0]
+        (b, t), rows_of = split["shape"], lambda o, n: self._flat(o, 1, n)
+        kept = rows_of(kept, len(split["keep"]))
         full = kept.new_empty((b * t, *kept.shape[1:]))
         full.index_copy_(0, split["keep"], kept)
         if len(split["pad"]): full.index_fill_(0, split["pad"], 0)
         for (rows, cols), out in donors:
-            out = (out if flat else out[0]).to(full.dtype)
+            out = rows_of(out, len(rows)).to(full.dtype)
             if cols is None: full.index_copy_(0, rows, out); continue
             part = full.index_select(0, rows); part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
             full.index_copy_(0, rows, part)
-        return full if flat else full.view(b, t, *kept.shape[1:])
+        return self._shaped(full, b, t)
 
     def after(self, module, args, kwargs, out):
         if self.saved is None: return None
@@ -311,14 +323,14 @@ class _Splice:
         return tuple(self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split) if torch.is_tensor(o) else o
                      for j, o in enumerate(out))
 
-# %% ../nbs/02_graft.ipynb #dee5e962
+# %% ../nbs/02_graft.ipynb #89595115
 class _ExpertSplice:
     """The grafts on one expert module (every expert's weights in 3-D parameters), called per token with the routing
     (hidden states, top-k expert indices, top-k weights). A grafted expert `e` at a grafted position: that token's
     share routed to `e` is computed by the donor's module, all else by the recipient's. An expert module's output is
     the routing-weighted sum over a token's experts, so the pre-hook zeroes the weights of the donors' (token, expert)
     pairs for the recipient and the hook adds each donor's output for its pairs alone. Experts `None`: all of them."""
-    def __init__(self, module, forward_pass: _Pass):
+    def __init__(self, module, forward_pass: _Pass, axis: int = 0):
         self.entries, self.saved, self.forward_pass = [], None, forward_pass
         self.names = list(inspect.signature(module.forward).parameters)[:3]
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
@@ -355,10 +367,10 @@ class _ExpertSplice:
             if len(rows): out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
         return out
 
-# %% ../nbs/02_graft.ipynb #76b2f8c5
-def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice):
+# %% ../nbs/02_graft.ipynb #51bddf4d
+def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axis: int = 1):
     "Register a graft entry on `module` (installing its hooks on first use)."
-    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass))
+    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axis))
     sp.entries.append(entry)
 
 def _remove_splice(module, entry):
@@ -391,17 +403,19 @@ def _where(arch: dict, name: str) -> tuple[str, object]:
     return path, ("experts", None) if path in arch["experts"] else part
 
 def _targets(recipient, donor, layers, components) -> list[tuple]:
-    "(recipient module, donor module, part) for every module the graft touches; part: None, output rows or experts."
+    "(recipient module, donor module, part, position axis) for every grafted module; part: None, output rows or experts."
     arch = architecture(recipient)
     idx = resolve_layers(layers, len(decoder_layers(recipient)[1]))
     out = []
     for name in resolve_components(recipient, components):
         if name in arch["globals"]:
-            path = arch["globals"][name]; out.append((_get(recipient, path), _get(donor, path), None)); continue
+            path = arch["globals"][name]
+            out.append((_get(recipient, path), _get(donor, path), None, arch["axes"][name])); continue
         path, part = _where(arch, name)
         for i in (i for i in idx if i in arch["modules"][path]):
             r, d = _get(recipient, f"{arch['layers']}.{i}.{path}"), _get(donor, f"{arch['layers']}.{i}.{path}")
-            out.append((r, d, part if part is None or part[0] == "experts" else part_rows(recipient, r, part)))
+            out.append((r, d, part if part is None or part[0] == "experts" else part_rows(recipient, r, part),
+                        arch["axes"][path]))
     return out
 
 def _as_mask(mask) -> torch.Tensor:
@@ -428,10 +442,10 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
     forward_pass, added = _enter_pass(recipient), []
     try:
-        for r, d, part in targets:
+        for r, d, part, axis in targets:
             experts = isinstance(part, tuple)
             entry = (d, mask, part[1] if experts else part)
-            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice); added.append((r, entry))
+            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axis); added.append((r, entry))
         yield recipient
     finally:
         check.remove()

@@ -135,7 +135,7 @@ def test_table_covers_every_parameter(pair):
     rec, _, _ = pair
     covered = set()
     from dwg.graft import _targets
-    for r, _, _ in _targets(rec, rec, "all", "all"):
+    for r, *_ in _targets(rec, rec, "all", "all"):
         covered |= {id(p) for p in r.parameters(recurse=False)}
     missing = [n for n, p in rec.named_parameters() if id(p) not in covered]
     assert not missing, missing

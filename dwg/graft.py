@@ -30,12 +30,14 @@ def _discover(model) -> dict:
     names, roles, modules, n = canonical_names(model), norm_roles(model), layer_modules(model), n_experts(model)
     glob = global_modules(model)
     axes = position_axes(model, {**glob, **{p: f"{layers_path}.{ls[0]}.{p}" for p, ls in modules.items()}})
-    per_position = {p: ls for p, ls in modules.items() if axes[p] is not None}
+    per_position = {p: ls for p, ls in modules.items() if axes[p][0] is not None}
     names = {k: v for k, v in names.items() if v[0] in per_position}
+    unused = [p for p in modules if axes[p][0] is None] + [p for k, p in glob.items() if axes[k][0] is None]
+    glob = {k: p for k, p in glob.items() if axes[k][0] is not None}
     return dict(layers=layers_path, globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
                 blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
                 experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
-                not_per_position=[p for p in modules if axes[p] is None])
+                not_per_position=unused)
 
 def architecture(model) -> dict:
     """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
@@ -165,7 +167,7 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
                              + _SAME_MODEL_FIX)
 
-# %% ../nbs/02_graft.ipynb #7a251b78
+# %% ../nbs/02_graft.ipynb #b9a93389
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
     "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
@@ -197,7 +199,7 @@ def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) 
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
     return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
 
-# %% ../nbs/02_graft.ipynb #545d93af
+# %% ../nbs/02_graft.ipynb #35d4ceb8
 class _Pass:
     """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
     padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
@@ -237,7 +239,7 @@ class _Pass:
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 
-# %% ../nbs/02_graft.ipynb #b88c85f8
+# %% ../nbs/02_graft.ipynb #4d00c002
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     "A module's main input: its first tensor argument."
     return next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v))
@@ -256,18 +258,21 @@ class _Splice:
     Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. `axis` is where
     the module's inputs index positions (`dwg.arch.position_axes`): 1 for (batch, seq, ...), 2 for (batch, heads, seq,
     ...), 0 for flattened tokens; every input and output tensor laid out like that is split and assembled."""
-    def __init__(self, module, forward_pass: _Pass, axis: int = 1):
-        self.entries, self.saved, self.forward_pass, self.axis = [], None, forward_pass, axis
+    def __init__(self, module, forward_pass: _Pass, axes: tuple = (1, 1)):
+        self.entries, self.saved, self.forward_pass = [], None, forward_pass
+        self.axis, self.out_axes = axes
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
                         module.register_forward_hook(self.after, with_kwargs=True)]
 
-    def _flat(self, v: torch.Tensor, b: int, t: int) -> torch.Tensor:
-        "A per-position tensor in the module's layout as rows (batch * seq, ...)."
-        return v if self.axis == 0 else v.movedim(self.axis, 1).reshape(b * t, *v.movedim(self.axis, 1).shape[2:])
+    def _flat(self, v: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
+        "A per-position tensor laid out with positions at `axis` (default: the input's) as rows (batch * seq, ...)."
+        axis = self.axis if axis is None else axis
+        return v if axis == 0 else v.movedim(axis, 1).reshape(b * t, *v.movedim(axis, 1).shape[2:])
 
-    def _shaped(self, rows: torch.Tensor, b: int, t: int) -> torch.Tensor:
-        "Rows (n, ...) back in the module's layout, as a batch of `b` rows of `t` positions."
-        return rows if self.axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, self.axis)
+    def _shaped(self, rows: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
+        "Rows (n, ...) back in the layout with positions at `axis` (default: the input's), `b` rows of `t` positions."
+        axis = self.axis if axis is None else axis
+        return rows if axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, axis)
 
     def _inputs(self, rows: torch.Tensor) -> tuple[tuple, dict]:
         "The module's arguments at `rows` (every per-position tensor cut to those rows)."
@@ -296,9 +301,9 @@ class _Splice:
         self.saved = (x, self._flat(x, b, t), split, args, kwargs)
         return self._inputs(split["keep"])
 
-    def _assemble(self, kept: torch.Tensor, donors: list, split: dict) -> torch.Tensor:
-        "The full output of one output tensor: the recipient's rows, then each graft's rows."
-        (b, t), rows_of = split["shape"], lambda o, n: self._flat(o, 1, n)
+    def _assemble(self, kept: torch.Tensor, donors: list, split: dict, axis: int) -> torch.Tensor:
+        "The full output of one output tensor (positions at `axis`): the recipient's rows, then each graft's rows."
+        (b, t), rows_of = split["shape"], lambda o, n: self._flat(o, 1, n, axis)
         kept = rows_of(kept, len(split["keep"]))
         full = kept.new_empty((b * t, *kept.shape[1:]))
         full.index_copy_(0, split["keep"], kept)
@@ -308,7 +313,7 @@ class _Splice:
             if cols is None: full.index_copy_(0, rows, out); continue
             part = full.index_select(0, rows); part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
             full.index_copy_(0, rows, part)
-        return self._shaped(full, b, t)
+        return self._shaped(full, b, t, axis)
 
     def after(self, module, args, kwargs, out):
         if self.saved is None: return None
@@ -319,18 +324,18 @@ class _Splice:
                 for rows in [w if cols is None else p] if rows is not None and len(rows)
                 for a, kw in [self._inputs(rows)]]
         self.saved = None
-        if not isinstance(out, tuple): return self._assemble(out, list(zip(runs, outs)), split)
-        return tuple(self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split) if torch.is_tensor(o) else o
-                     for j, o in enumerate(out))
+        if not isinstance(out, tuple): return self._assemble(out, list(zip(runs, outs)), split, self.out_axes)
+        return tuple(o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
+                     for j, (o, a) in enumerate(zip(out, self.out_axes)))
 
-# %% ../nbs/02_graft.ipynb #89595115
+# %% ../nbs/02_graft.ipynb #0e03e6e3
 class _ExpertSplice:
     """The grafts on one expert module (every expert's weights in 3-D parameters), called per token with the routing
     (hidden states, top-k expert indices, top-k weights). A grafted expert `e` at a grafted position: that token's
     share routed to `e` is computed by the donor's module, all else by the recipient's. An expert module's output is
     the routing-weighted sum over a token's experts, so the pre-hook zeroes the weights of the donors' (token, expert)
     pairs for the recipient and the hook adds each donor's output for its pairs alone. Experts `None`: all of them."""
-    def __init__(self, module, forward_pass: _Pass, axis: int = 0):
+    def __init__(self, module, forward_pass: _Pass, axes: tuple = (0, 0)):
         self.entries, self.saved, self.forward_pass = [], None, forward_pass
         self.names = list(inspect.signature(module.forward).parameters)[:3]
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
@@ -367,10 +372,10 @@ class _ExpertSplice:
             if len(rows): out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
         return out
 
-# %% ../nbs/02_graft.ipynb #51bddf4d
-def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axis: int = 1):
+# %% ../nbs/02_graft.ipynb #79ca8eb8
+def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axes: tuple = (1, 1)):
     "Register a graft entry on `module` (installing its hooks on first use)."
-    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axis))
+    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axes))
     sp.entries.append(entry)
 
 def _remove_splice(module, entry):
@@ -442,10 +447,10 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
     forward_pass, added = _enter_pass(recipient), []
     try:
-        for r, d, part, axis in targets:
+        for r, d, part, axes in targets:
             experts = isinstance(part, tuple)
             entry = (d, mask, part[1] if experts else part)
-            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axis); added.append((r, entry))
+            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes); added.append((r, entry))
         yield recipient
     finally:
         check.remove()

@@ -76,7 +76,7 @@ def test_engine_matches_token_by_token_reference(pair, seed):
 
 def test_each_component_alone_matches_reference(pair):
     """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
-    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.graft.ARCHITECTURES, so a wrong
+    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.arch (the engine's own discovery), so a wrong
     table entry (e.g. two norms swapped) fails here."""
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]

@@ -167,7 +167,7 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
                              + _SAME_MODEL_FIX)
 
-# %% ../nbs/02_graft.ipynb #ec244735
+# %% ../nbs/02_graft.ipynb #9b8f3acd
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
     "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
@@ -199,7 +199,7 @@ def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) 
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
     return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
 
-# %% ../nbs/02_graft.ipynb #6d802175
+# %% ../nbs/02_graft.ipynb #e027b3aa
 class _Pass:
     """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
     padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
@@ -239,7 +239,7 @@ class _Pass:
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 
-# %% ../nbs/02_graft.ipynb #a38e546e
+# %% ../nbs/02_graft.ipynb #9e1470c0
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     "A module's main input: its first tensor argument."
     return next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v))
@@ -328,7 +328,7 @@ class _Splice:
         return tuple(o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
                      for j, (o, a) in enumerate(zip(out, self.out_axes)))
 
-# %% ../nbs/02_graft.ipynb #e4a9f724
+# %% ../nbs/02_graft.ipynb #87786b5b
 class _ExpertSplice:
     """The grafts on one expert module (every expert's weights in 3-D parameters), called per token with the routing
     (hidden states, top-k expert indices, top-k weights). A grafted expert `e` at a grafted position: that token's
@@ -372,7 +372,7 @@ class _ExpertSplice:
             if len(rows): out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
         return out
 
-# %% ../nbs/02_graft.ipynb #1db807bf
+# %% ../nbs/02_graft.ipynb #b952e7c1
 def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axes: tuple = (1, 1)):
     "Register a graft entry on `module` (installing its hooks on first use)."
     sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axes))

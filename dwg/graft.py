@@ -5,56 +5,51 @@
 # %% ../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
 from contextlib import contextmanager
-import re
+import inspect, re
 import torch
+from .arch import blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
+    n_experts, norm_roles, part_rows, position_axes, unsupported_reason
 
 # %% auto #0
-__all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups',
-           'resolve_layers', 'graftable', 'resolve_components', 'check_compatible', 'graft']
+__all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups', 'resolve_layers', 'graftable',
+           'resolve_components', 'check_compatible', 'graft']
 
 # %% ../nbs/02_graft.ipynb #1d00f5b4
-_LLAMA_LAYER = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
-                    gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj",
-                    ln1="input_layernorm", ln2="post_attention_layernorm")
-_LLAMA_BLOCKS = dict(attn="self_attn", mlp="mlp")   # the attention and MLP sub-blocks of a layer (activation patching)
-_NORMED_BLOCKS = {**_LLAMA_BLOCKS, "mid": "post_attention_layernorm"}   # mid: the output added to make resid_mid
-ARCHITECTURES = {
-    "llama": dict(layers="model.layers", ln_final="model.norm", layer=_LLAMA_LAYER, blocks=_LLAMA_BLOCKS),
-    "gemma2": dict(layers="model.layers", ln_final="model.norm", blocks=_NORMED_BLOCKS,  # sandwich norms (Gemma 2, 3)
-                   layer={**_LLAMA_LAYER, "ln2": "pre_feedforward_layernorm", "ln_post_attn": "post_attention_layernorm",
-                          "ln_post_ffn": "post_feedforward_layernorm", "q_norm": "self_attn.q_norm",
-                          "k_norm": "self_attn.k_norm"}),
-    "olmo2": dict(layers="model.layers", ln_final="model.norm", blocks=_NORMED_BLOCKS,  # norms after blocks, q/k norms
-                  layer={**{k: v for k, v in _LLAMA_LAYER.items() if k not in ("ln1", "ln2")},
-                         "ln1": "post_attention_layernorm", "ln2": "post_feedforward_layernorm",
-                         "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}),
-    "gpt2": dict(layers="transformer.h", ln_final="transformer.ln_f", pos_embed="transformer.wpe",
-                 blocks=dict(attn="attn", mlp="mlp"),
-                 layer=dict(q=("attn.c_attn", "cols:0/3"), k=("attn.c_attn", "cols:1/3"), v=("attn.c_attn", "cols:2/3"),
-                            o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", ln1="ln_1", ln2="ln_2")),
-    "gpt_neox": dict(layers="gpt_neox.layers", ln_final="gpt_neox.final_layer_norm",
-                     blocks=dict(attn="attention", mlp="mlp"),
-                     layer=dict(q=("attention.query_key_value", "heads:0/3"), k=("attention.query_key_value", "heads:1/3"),
-                                v=("attention.query_key_value", "heads:2/3"), o="attention.dense",
-                                up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
-                                ln1="input_layernorm", ln2="post_attention_layernorm")),
-}
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma": "llama", "olmo": "llama",
-               "gemma2": "gemma2", "gemma3": "gemma2", "gemma3_text": "gemma2", "olmo2": "olmo2",
-               "gpt2": "gpt2", "gpt_neox": "gpt_neox"}
 GLOBAL_COMPONENTS = ("embed", "pos_embed", "ln_final", "lm_head")
-LAYER_COMPONENTS = ("q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2",
-                    "ln_post_attn", "ln_post_ffn", "q_norm", "k_norm")
-GROUPS = {"attn": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down"),
-          "norms": ("ln1", "ln2", "ln_post_attn", "ln_post_ffn", "q_norm", "k_norm", "ln_final")}
+LAYER_COMPONENTS = ("q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "ln_post_attn", "ln_post_ffn", "q_norm",
+                    "k_norm", "router", "experts")
+GROUPS = ("attn", "ffn", "norms")   # attn / ffn: every module in the attention / MLP block but its norms
+
+def _discover(model) -> dict:
+    "What grafting needs to know of `model`, found from the model itself, or a clear error."
+    if reason := unsupported_reason(model):
+        raise ValueError(f"Grafting does not support this {model.config.model_type} model: it is {reason}. "
+                         "Fix: graft a decoder-only transformer (attention and per-position MLP layers); see the "
+                         "architecture table in the README for the families checked.")
+    layers_path, layers = decoder_layers(model)
+    names, roles, modules, n = canonical_names(model), norm_roles(model), layer_modules(model), n_experts(model)
+    glob = global_modules(model)
+    axes = position_axes(model, {**glob, **{p: f"{layers_path}.{ls[0]}.{p}" for p, ls in modules.items()}})
+    per_position = {p: ls for p, ls in modules.items() if axes[p][0] is not None}
+    names = {k: v for k, v in names.items() if v[0] in per_position}
+    unused = [p for p in modules if axes[p][0] is None] + [p for k, p in glob.items() if axes[k][0] is None]
+    glob = {k: p for k, p in glob.items() if axes[k][0] is not None}
+    return dict(layers=layers_path, globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
+                blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
+                experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
+                not_per_position=unused)
 
 def architecture(model) -> dict:
-    "The architecture table entry for `model` (by `config.model_type`), or a clear error."
-    mt = model.config.model_type
-    if mt not in MODEL_TYPES:
-        raise ValueError(f"Grafting does not know model_type '{mt}'. Supported: {', '.join(sorted(MODEL_TYPES))}. "
-                         "Fix: add the family's module paths to dwg.graft.ARCHITECTURES and MODEL_TYPES.")
-    return ARCHITECTURES[MODEL_TYPES[mt]]
+    """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
+    or (path, fused part)) and blocks, found from the model itself (cached on it); a clear error if unsupported."""
+    key = (id(model.config), model.config.model_type)
+    cached = model.__dict__.get("_dwg_arch")
+    if cached is None or cached[0] != key:
+        found = _discover(model)
+        layer = {k: p if part is None else (p, part) for k, (p, part) in found["names"].items()}
+        found.update(layer=layer, **{k: found["globals"][k] for k in ("ln_final", "pos_embed") if k in found["globals"]})
+        model.__dict__["_dwg_arch"] = cached = (key, found)
+    return cached[1]
 
 # %% ../nbs/02_graft.ipynb #0e10aaa5
 _FRACTIONS = {"half": 2, "quarter": 4, "eighth": 8}
@@ -98,49 +93,60 @@ def _get(root, path: str):
     try: return root.get_submodule(path)
     except AttributeError: return None
 
-def _has_weights(module) -> bool:
-    return module is not None and any(True for _ in module.parameters(recurse=False))
+_EXPERT = re.compile(r"(.+)\.(\d+)")   # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
 
-def _fused_part_columns(module, part: str | None, n_heads: int) -> torch.Tensor | None:
-    "Boolean mask over a fused module's output features for `part` ('cols:i/n' or 'heads:i/n'); None = all."
-    if part is None: return None
-    kind, frac = part.split(":"); i, n = map(int, frac.split("/"))
-    out = module.nf if hasattr(module, "nf") else module.out_features
-    cols = torch.zeros(out, dtype=torch.bool)
-    if kind == "cols": cols[i * out // n:(i + 1) * out // n] = True
-    else: cols.view(n_heads, n, -1)[:, i] = True
-    return cols
+def _whole_names(arch: dict, path: str) -> list[str]:
+    "The names that graft a whole layer module: its canonical name, its fused parts' names, or its path."
+    names = [n for n, (p, part) in arch["names"].items() if p == path]
+    whole = [n for n in names if arch["names"][n][1] is None]
+    return whole[:1] or names or [path]
 
 def graftable(model) -> dict[str, list]:
-    "Every component that has weights in `model`: name -> per-layer (or single global) module paths."
-    arch, cfg = architecture(model), model.config
-    found = {}
-    if _has_weights(model.get_input_embeddings()): found["embed"] = [None]
-    for name in ("pos_embed", "ln_final"):
-        if name in arch and _has_weights(_get(model, arch[name])): found[name] = [arch[name]]
-    if _has_weights(model.get_output_embeddings()): found["lm_head"] = [None]
-    n = cfg.num_hidden_layers
-    for name, spec in arch["layer"].items():
-        path = spec if isinstance(spec, str) else spec[0]
-        if _has_weights(_get(model, f"{arch['layers']}.0.{path}")): found[name] = [f"{arch['layers']}.{i}.{path}" for i in range(n)]
+    """Every component name of `model` -> its module paths (one per layer that has it, or one global). Besides these,
+    expert `E` of an expert module is the component `PATH.E` (e.g. `mlp.experts.3`)."""
+    arch = architecture(model)
+    found = {name: [path] for name, path in arch["globals"].items()}
+    for path, layers in arch["modules"].items():
+        for name in _whole_names(arch, path): found[name] = [f"{arch['layers']}.{i}.{path}" for i in layers]
     return found
+
+def _in_group(model, arch: dict, path: str, group: str) -> bool:
+    "Whether the layer module `path` belongs to `group` (attn, ffn, norms)."
+    layer = _get(model, f"{arch['layers']}.{arch['modules'][path][0]}.{path}")
+    if group == "norms": return is_norm(layer)
+    child = arch["blocks"].get("attn" if group == "attn" else "mlp")
+    in_block = child is not None and path.startswith(child + ".")
+    mlp_name = any(arch["names"].get(n, ("",))[0] == path for n in ("gate", "up", "down", "router", "experts"))
+    return not is_norm(layer) and (in_block or group == "ffn" and mlp_name)
+
+def _group(model, arch: dict, group: str) -> list[str]:
+    "The component names of a group, or of 'all' (every module, each once)."
+    out = [] if group in ("attn", "ffn") else [g for g in arch["globals"] if group == "all" or g == "ln_final"]
+    for path in arch["modules"]:
+        if group == "all" or _in_group(model, arch, path, group): out += _whole_names(arch, path)
+    return out
 
 # %% ../nbs/02_graft.ipynb #f86fe3e7
 def resolve_components(model, components) -> list[str]:
-    "Canonical component names from a name, group, or list; errors name what this architecture has."
-    have = graftable(model)
+    "Component names from a name, module path, group, or list; errors name what this model has."
+    arch, have = architecture(model), graftable(model)
     names = [components] if isinstance(components, str) else list(components)
     out = []
     for c in names:
-        if c == "all": out += list(have)
-        elif c in GROUPS: out += [m for m in GROUPS[c] if m in have]
-        elif c in have: out.append(c)
+        if c == "all" or c in GROUPS: out += _group(model, arch, c)
+        elif c in have or c in arch["modules"] or (m := _EXPERT.fullmatch(c)) and _is_expert_module(arch, m[1], int(m[2])): out.append(c)
         elif c in GLOBAL_COMPONENTS or c in LAYER_COMPONENTS:
             raise ValueError(f"Component '{c}' does not exist in {model.config.model_type} (or carries no weights). "
                              f"This model has: {', '.join(have)}.")
         else:
-            raise ValueError(f"Unknown component '{c}'. Valid: {', '.join(have)}, or groups all, {', '.join(GROUPS)}.")
+            raise ValueError(f"Unknown component '{c}'. Valid: {', '.join(have)}, an expert 'EXPERTS_PATH.E' of an "
+                             f"expert module, or groups all, {', '.join(GROUPS)}.")
     return list(dict.fromkeys(out))
+
+def _is_expert_module(arch: dict, path: str, e: int) -> bool:
+    "Whether `path` is an expert module with an expert `e`."
+    return path in arch["modules"] and arch["n_experts"] is not None and path in arch.get("experts", ()) \
+        and 0 <= e < arch["n_experts"]
 
 # %% ../nbs/02_graft.ipynb #8a46a9b7
 _SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune)."
@@ -161,14 +167,17 @@ def check_compatible(recipient, donor):
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
                              + _SAME_MODEL_FIX)
 
-# %% ../nbs/02_graft.ipynb #f307205a
-def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    "The part of `mask` for an input of shape (batch, seq, ...): the last `seq` positions (e.g. `logits_to_keep=1`)."
-    b, t = x.shape[0], x.shape[1]
+# %% ../nbs/02_graft.ipynb #9b8f3acd
+def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
+    "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
         raise ValueError(f"Graft mask has shape {tuple(mask.shape)} but the model sees a batch of shape ({b}, {t}): "
                          "make the mask (batch, seq) like input_ids.")
-    return mask[:, mask.shape[1] - t:].to(x.device)
+    return mask[:, mask.shape[1] - t:].to(device)
+
+def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    "The part of `mask` for an input of shape (batch, seq, ...)."
+    return _aligned_to(mask, x.shape[0], x.shape[1], x.device)
 
 def _rows(selected: torch.Tensor) -> torch.Tensor:
     "Indices of the True entries of a flat bool tensor."
@@ -190,29 +199,32 @@ def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) 
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
     return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
 
+# %% ../nbs/02_graft.ipynb #e027b3aa
 class _Pass:
-    """What the grafted modules share during one forward pass of the recipient: its padding (positions whose
-    `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row split of each set of
-    masks, worked out once per pass, and the rows gathered from the last input (q, k and v read the same input, as do
-    gate and up). Installed on the recipient with its first graft, removed with its last."""
+    """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
+    padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
+    split of each set of masks, worked out once per pass, and the rows gathered from the last input (q, k and v read
+    the same input, as do gate and up). Installed on the recipient with its first graft, removed with its last."""
     def __init__(self, model):
-        self.users, self.live, self.splits, self.gathered = 0, None, None, (None, -1, {})
+        self.users, self.live, self.tokens, self.splits, self.gathered = 0, None, None, None, (None, -1, {})
         self.handles = [model.register_forward_pre_hook(self.start, with_kwargs=True),
                         model.register_forward_hook(self.stop, always_call=True)]
 
     def start(self, module, args, kwargs):
-        am = kwargs.get("attention_mask")
+        am, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
+        ids = ids if ids is not None else kwargs.get("inputs_embeds")
         self.live, self.splits = (am.bool() if torch.is_tensor(am) and am.dim() == 2 else None), {}
+        self.tokens = tuple(ids.shape[:2]) if torch.is_tensor(ids) and ids.dim() >= 2 else None
 
-    def stop(self, *_): self.live, self.splits, self.gathered = None, None, (None, -1, {})
+    def stop(self, *_): self.live, self.tokens, self.splits, self.gathered = None, None, None, (None, -1, {})
 
-    def split(self, entries: list, x: torch.Tensor) -> dict | None:
-        "The row split of the grafts `entries` for a module input `x` (cached within a pass)."
-        key = (*x.shape[:2], *((id(m), cols is None) for _, m, cols in entries))
+    def split(self, entries: list, b: int, t: int, device) -> dict | None:
+        "The row split of the grafts `entries` for `b` x `t` positions (cached within a pass)."
+        key = (b, t, *((id(m), cols is None) for _, m, cols in entries))
         if self.splits is not None and key in self.splits: return self.splits[key]
-        masks = [_aligned(m, x) for _, m, _ in entries]
+        masks = [_aligned_to(m, b, t, device) for _, m, _ in entries]
         (b, t), live = masks[0].shape, self.live
-        live = live[:, -t:].to(x.device) if live is not None and live.shape[0] == b and live.shape[1] >= t else None
+        live = live[:, -t:].to(device) if live is not None and live.shape[0] == b and live.shape[1] >= t else None
         s = _split(entries, masks, live)
         if s is not None: s["shape"] = (b, t)
         if self.splits is not None: self.splits[key] = s
@@ -227,46 +239,143 @@ class _Pass:
         if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 
+# %% ../nbs/02_graft.ipynb #9e1470c0
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
+    "A module's main input: its first tensor argument."
+    return next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v))
+
+def _with_first(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
+    "`args` and `kwargs` with their first tensor replaced by `x`."
+    for i, v in enumerate(args):
+        if torch.is_tensor(v): return (*args[:i], x, *args[i + 1:]), kwargs
+    key = next(k for k, v in kwargs.items() if torch.is_tensor(v))
+    return args, {**kwargs, key: x}
+
 class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
     hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
     a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get.
-    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`."""
-    def __init__(self, module, forward_pass: _Pass):
+    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. `axis` is where
+    the module's inputs index positions (`dwg.arch.position_axes`): 1 for (batch, seq, ...), 2 for (batch, heads, seq,
+    ...), 0 for flattened tokens; every input and output tensor laid out like that is split and assembled."""
+    def __init__(self, module, forward_pass: _Pass, axes: tuple = (1, 1)):
         self.entries, self.saved, self.forward_pass = [], None, forward_pass
+        self.axis, self.out_axes = axes
         self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
                         module.register_forward_hook(self.after, with_kwargs=True)]
 
+    def _flat(self, v: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
+        "A per-position tensor laid out with positions at `axis` (default: the input's) as rows (batch * seq, ...)."
+        axis = self.axis if axis is None else axis
+        return v if axis == 0 else v.movedim(axis, 1).reshape(b * t, *v.movedim(axis, 1).shape[2:])
+
+    def _shaped(self, rows: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
+        "Rows (n, ...) back in the layout with positions at `axis` (default: the input's), `b` rows of `t` positions."
+        axis = self.axis if axis is None else axis
+        return rows if axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, axis)
+
+    def _inputs(self, rows: torch.Tensor) -> tuple[tuple, dict]:
+        "The module's arguments at `rows` (every per-position tensor cut to those rows)."
+        x, flat, split, args, kwargs = self.saved
+        lead = self.axis + 1
+        def cut(v):
+            if v is x: v = self.forward_pass.gather(x, flat, rows)
+            elif torch.is_tensor(v) and v.shape[:lead] == x.shape[:lead]:
+                v = self._flat(v, *split["shape"]).index_select(0, rows)
+            else: return v
+            return self._shaped(v, 1, len(rows))
+        return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
+
     def before(self, module, args, kwargs):
-        x = args[0] if args else next(iter(kwargs.values()))
-        split = self.forward_pass.split(self.entries, x)
+        x = _first_tensor(args, kwargs)
+        tokens = self.forward_pass.tokens
+        if self.axis == 0 and (tokens is None or x.shape[0] != tokens[0] * tokens[1]):
+            raise ValueError(f"A grafted module reads flattened tokens, but its input has shape {tuple(x.shape)} for a "
+                             f"batch of {tokens} tokens: call the model with input_ids or inputs_embeds.")
+        b, t = tokens if self.axis == 0 else (x.shape[0], x.shape[self.axis])
+        split = self.forward_pass.split(self.entries, b, t, x.device)
         if split is None: self.saved = None; return None
         b, t = split["shape"]
-        if x.shape[0] != b: x = x.expand(b, *x.shape[1:])  # e.g. (1, seq) position ids
-        flat = x.reshape(b * t, *x.shape[2:])
-        self.saved = (x, flat, split)
-        rows = self.forward_pass.gather(x, flat, split["keep"]).unsqueeze(0)  # the recipient: rows nobody grafts whole
-        if args: return (rows, *args[1:]), kwargs
-        return args, {**kwargs, next(iter(kwargs)): rows}
+        if self.axis and x.shape[0] != b:   # e.g. (1, seq) position ids
+            x = x.expand(b, *x.shape[1:]); args, kwargs = _with_first(args, kwargs, x)
+        self.saved = (x, self._flat(x, b, t), split, args, kwargs)
+        return self._inputs(split["keep"])
+
+    def _assemble(self, kept: torch.Tensor, donors: list, split: dict, axis: int) -> torch.Tensor:
+        "The full output of one output tensor (positions at `axis`): the recipient's rows, then each graft's rows."
+        (b, t), rows_of = split["shape"], lambda o, n: self._flat(o, 1, n, axis)
+        kept = rows_of(kept, len(split["keep"]))
+        full = kept.new_empty((b * t, *kept.shape[1:]))
+        full.index_copy_(0, split["keep"], kept)
+        if len(split["pad"]): full.index_fill_(0, split["pad"], 0)
+        for (rows, cols), out in donors:
+            out = rows_of(out, len(rows)).to(full.dtype)
+            if cols is None: full.index_copy_(0, rows, out); continue
+            part = full.index_select(0, rows); part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
+            full.index_copy_(0, rows, part)
+        return self._shaped(full, b, t, axis)
 
     def after(self, module, args, kwargs, out):
         if self.saved is None: return None
-        (x, flat, split), self.saved = self.saved, None
-        (b, t), take = split["shape"], lambda rows: self.forward_pass.gather(x, flat, rows)
-        full = out.new_empty((b * t, *out.shape[2:]))
-        full.index_copy_(0, split["keep"], out[0])
-        if len(split["pad"]): full.index_fill_(0, split["pad"], 0)
-        for (donor, _, _), rows in zip(self.entries, split["whole"]):
-            if rows is not None and len(rows): full.index_copy_(0, rows, donor(take(rows)).to(full.dtype))
-        for (donor, _, cols), rows in zip(self.entries, split["part"]):
-            if rows is not None and len(rows):
-                part, c = full.index_select(0, rows), cols.to(full.device)
-                part[:, c] = donor(take(rows))[:, c].to(full.dtype); full.index_copy_(0, rows, part)
-        return full.view(b, t, *out.shape[2:])
+        split = self.saved[2]
+        runs = [(rows, cols) for (_, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
+                for rows in [w if cols is None else p] if rows is not None and len(rows)]
+        outs = [donor(*a, **kw) for (donor, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
+                for rows in [w if cols is None else p] if rows is not None and len(rows)
+                for a, kw in [self._inputs(rows)]]
+        self.saved = None
+        if not isinstance(out, tuple): return self._assemble(out, list(zip(runs, outs)), split, self.out_axes)
+        return tuple(o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
+                     for j, (o, a) in enumerate(zip(out, self.out_axes)))
 
-def _add_splice(module, entry, forward_pass: _Pass):
+# %% ../nbs/02_graft.ipynb #87786b5b
+class _ExpertSplice:
+    """The grafts on one expert module (every expert's weights in 3-D parameters), called per token with the routing
+    (hidden states, top-k expert indices, top-k weights). A grafted expert `e` at a grafted position: that token's
+    share routed to `e` is computed by the donor's module, all else by the recipient's. An expert module's output is
+    the routing-weighted sum over a token's experts, so the pre-hook zeroes the weights of the donors' (token, expert)
+    pairs for the recipient and the hook adds each donor's output for its pairs alone. Experts `None`: all of them."""
+    def __init__(self, module, forward_pass: _Pass, axes: tuple = (0, 0)):
+        self.entries, self.saved, self.forward_pass = [], None, forward_pass
+        self.names = list(inspect.signature(module.forward).parameters)[:3]
+        self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
+                        module.register_forward_hook(self.after, with_kwargs=True)]
+
+    def _routing(self, args: tuple, kwargs: dict) -> list:
+        "(hidden states, expert indices, weights), passed by position or name."
+        got = [*args, *(kwargs[n] for n in self.names[len(args):] if n in kwargs)][:3]
+        if len(got) < 3 or got[1] is None:
+            raise ValueError(f"Grafting single experts needs an expert module called with (hidden states, expert "
+                             f"indices, routing weights); this one takes ({', '.join(self.names)}). Fix: graft the "
+                             "whole MLP block's modules instead (the 'ffn' group).")
+        return got
+
+    def before(self, module, args, kwargs):
+        x, idx, w = self._routing(args, kwargs)
+        if self.forward_pass.tokens is None or x.shape[0] != self.forward_pass.tokens[0] * self.forward_pass.tokens[1]:
+            raise ValueError(f"Expert module input of shape {tuple(x.shape)} is not one row per token of the batch "
+                             f"{self.forward_pass.tokens}: this expert module cannot be grafted per position.")
+        owner = torch.zeros_like(idx)
+        for i, (_, mask, experts) in enumerate(self.entries):
+            rows = _aligned_to(mask, *self.forward_pass.tokens, x.device).reshape(-1, 1)
+            owner[rows.expand_as(idx) if experts is None else rows & torch.isin(idx, experts.to(idx.device))] = i + 1
+        if not owner.any(): self.saved = None; return None
+        self.saved = (x, idx, w, owner)
+        return (x, idx, w * (owner == 0), *args[3:]), {k: v for k, v in kwargs.items() if k not in self.names}
+
+    def after(self, module, args, kwargs, out):
+        if self.saved is None: return None
+        (x, idx, w, owner), self.saved = self.saved, None
+        for i, (donor, _, _) in enumerate(self.entries):
+            mine = owner == i + 1
+            rows = _rows(mine.any(1))
+            if len(rows): out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
+        return out
+
+# %% ../nbs/02_graft.ipynb #b952e7c1
+def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axes: tuple = (1, 1)):
     "Register a graft entry on `module` (installing its hooks on first use)."
-    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", _Splice(module, forward_pass))
+    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axes))
     sp.entries.append(entry)
 
 def _remove_splice(module, entry):
@@ -292,20 +401,26 @@ def _exit_pass(model):
         del model.__dict__["_dwg_pass"]
 
 # %% ../nbs/02_graft.ipynb #5731c76a
+def _where(arch: dict, name: str) -> tuple[str, object]:
+    "(layer module path, part) of a layer component: None, a fused part (layout, i), or ('experts', indices or None)."
+    if (m := _EXPERT.fullmatch(name)) and name not in arch["modules"]: return m[1], ("experts", torch.tensor([int(m[2])]))
+    path, part = arch["names"].get(name, (name, None))
+    return path, ("experts", None) if path in arch["experts"] else part
+
 def _targets(recipient, donor, layers, components) -> list[tuple]:
-    "(recipient module, donor module, output columns) for every module that the graft touches."
-    arch, have = architecture(recipient), graftable(recipient)
-    idx = resolve_layers(layers, recipient.config.num_hidden_layers)
-    heads = recipient.config.num_attention_heads
+    "(recipient module, donor module, part, position axis) for every grafted module; part: None, output rows or experts."
+    arch = architecture(recipient)
+    idx = resolve_layers(layers, len(decoder_layers(recipient)[1]))
     out = []
     for name in resolve_components(recipient, components):
-        if name == "embed": out.append((recipient.get_input_embeddings(), donor.get_input_embeddings(), None)); continue
-        if name == "lm_head": out.append((recipient.get_output_embeddings(), donor.get_output_embeddings(), None)); continue
-        if name in GLOBAL_COMPONENTS: out.append((_get(recipient, have[name][0]), _get(donor, have[name][0]), None)); continue
-        spec = arch["layer"][name]; part = None if isinstance(spec, str) else spec[1]
-        for i in idx:
-            path = have[name][i]; r = _get(recipient, path)
-            out.append((r, _get(donor, path), _fused_part_columns(r, part, heads)))
+        if name in arch["globals"]:
+            path = arch["globals"][name]
+            out.append((_get(recipient, path), _get(donor, path), None, arch["axes"][name])); continue
+        path, part = _where(arch, name)
+        for i in (i for i in idx if i in arch["modules"][path]):
+            r, d = _get(recipient, f"{arch['layers']}.{i}.{path}"), _get(donor, f"{arch['layers']}.{i}.{path}")
+            out.append((r, d, part if part is None or part[0] == "experts" else part_rows(recipient, r, part),
+                        arch["axes"][path]))
     return out
 
 def _as_mask(mask) -> torch.Tensor:
@@ -332,8 +447,10 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
     forward_pass, added = _enter_pass(recipient), []
     try:
-        for r, d, cols in targets:
-            entry = (d, mask, cols); _add_splice(r, entry, forward_pass); added.append((r, entry))
+        for r, d, part, axes in targets:
+            experts = isinstance(part, tuple)
+            entry = (d, mask, part[1] if experts else part)
+            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes); added.append((r, entry))
         yield recipient
     finally:
         check.remove()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 import torch
-from .graft import _aligned, _as_mask, _check_batch, _fused_part_columns, architecture, check_compatible, \
-    resolve_layers
+from .arch import part_rows
+from .graft import _aligned, _as_mask, _check_batch, architecture, check_compatible, resolve_layers
 
 # %% auto #0
 __all__ = ['SITES', 'model_sites', 'resolve_sites', 'patch']
@@ -52,7 +52,7 @@ def _site_module(model, site: str, layer: int) -> tuple:
     spec = arch["layer"][site]
     path, part = (spec, None) if isinstance(spec, str) else spec
     module = block.get_submodule(path)
-    return module, _fused_part_columns(module, part, model.config.num_attention_heads)
+    return module, None if part is None else part_rows(model, module, part)
 
 # %% ../nbs/02b_patch.ipynb #e3f08a41
 def _first(x):

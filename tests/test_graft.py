@@ -76,7 +76,7 @@ def test_engine_matches_token_by_token_reference(pair, seed):
 
 def test_each_component_alone_matches_reference(pair):
     """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
-    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.graft.ARCHITECTURES, so a wrong
+    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.arch (the engine's own discovery), so a wrong
     table entry (e.g. two norms swapped) fails here."""
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
@@ -135,7 +135,7 @@ def test_table_covers_every_parameter(pair):
     rec, _, _ = pair
     covered = set()
     from dwg.graft import _targets
-    for r, _, _ in _targets(rec, rec, "all", "all"):
+    for r, *_ in _targets(rec, rec, "all", "all"):
         covered |= {id(p) for p in r.parameters(recurse=False)}
     missing = [n for n, p in rec.named_parameters() if id(p) not in covered]
     assert not missing, missing

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 import re
 import torch
+from .lora import as_donor
 
 # %% auto #0
 __all__ = ['ARCHITECTURES', 'MODEL_TYPES', 'GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups',
@@ -325,7 +326,9 @@ def _check_batch(mask):
 
 @contextmanager
 def graft(recipient, donor, mask, layers="all", components="all"):
-    "Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x `components`."
+    """Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x `components`.
+    `donor`: a model, or a LoRA adapter (directory or PeftModel, see `dwg.lora`): the recipient's modules plus its deltas."""
+    donor = as_donor(recipient, donor)
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
@@ -333,6 +336,9 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     forward_pass, added = _enter_pass(recipient), []
     try:
         for r, d, cols in targets:
+            if d is r:   # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
+                if "_dwg_splice" not in r.__dict__: continue
+                d = r.forward   # the module without its graft hooks
             entry = (d, mask, cols); _add_splice(r, entry, forward_pass); added.append((r, entry))
         yield recipient
     finally:

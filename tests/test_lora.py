@@ -121,3 +121,34 @@ def test_patch_refuses_an_adapter_with_the_fix(tmp_path):
     for donor in (pm, str(tmp_path)):
         with pytest.raises(ValueError, match=r"dwg.models.load\(adapter_dir\)"):
             patch(rec, donor, torch.ones(1, 3, dtype=torch.bool)).__enter__()
+
+
+def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
+    """run_grafting with a LoRA adapter directory as the fine-tuned model: the position plans graft it as an adapter (no
+    merged model loaded) and score as grafting peft's merged model does; a reverse plan (the adapter as the base) merges."""
+    from unittest.mock import patch as mock
+    from dwg import evaluate
+    from dwg.data import create_dataset
+    from dwg.plans import get_plan
+    rec, tok = load("tiny-llama")
+    pm, merged = _peft(rec)
+    pm.peft_config["default"].base_model_name_or_path = "tiny-llama"
+    pm.save_pretrained(tmp_path / "adapter")
+    merged.save_pretrained(tmp_path / "merged"); tok.save_pretrained(tmp_path / "merged")
+    ds = create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds")
+    plans = ["PRE", "SFT", "FE+LT", "LT"]
+    models = dict(pretrained="tiny-llama", finetuned=str(tmp_path / "adapter"))
+    assert evaluate.adapter_roles(models, [get_plan(p) for p in plans]) == {"finetuned": "pretrained"}
+    assert evaluate.adapter_roles(models, [get_plan(p) for p in plans], alone=False) == {}   # SFT runs the adapter alone
+    assert evaluate.adapter_roles(models, [get_plan(p) for p in ["FE+LT", "pre->sft:LT"]]) == {}   # a base with rules
+    loads = []
+    real = evaluate.load
+    with mock.object(evaluate, "load", side_effect=lambda k: loads.append(k) or real(k)):
+        got = evaluate.run_grafting(models, ds, plans, "positions", generate=True, generated="last_token")
+    assert loads == ["tiny-llama"]   # the adapter was never merged into a second model
+    want = evaluate.run_grafting(dict(pretrained="tiny-llama", finetuned=str(tmp_path / "merged")), ds, plans, "positions",
+                                 generate=True, generated="last_token")
+    # a random tiny model spreads probability almost evenly over 49k tokens: ranks move by a few among near-ties
+    assert (got["plan"] == want["plan"]).all() and (got["rank"] - want["rank"]).abs().max() <= 10
+    assert (got["prob"] - want["prob"]).abs().max() < 1e-5 and (got["logprob"] - want["logprob"]).abs().max() < 1e-4
+    assert (got["generated"] == want["generated"]).all()

@@ -152,3 +152,18 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
     assert (got["plan"] == want["plan"]).all() and (got["rank"] - want["rank"]).abs().max() <= 10
     assert (got["prob"] - want["prob"]).abs().max() < 1e-5 and (got["logprob"] - want["logprob"]).abs().max() < 1e-4
     assert (got["generated"] == want["generated"]).all()
+
+
+def test_sweep_takes_a_lora_profile_and_its_run_id_follows_the_adapter_settings():
+    "The lora sweep trains with the lora profile; its model run id differs from the full fine-tune's and moves with r."
+    from dwg.sweep import expand, load_sweep
+    models = lambda s: {r.label: r.id for r in expand(s) if r.stage == "models"}
+    data = lambda s: [r.id for r in expand(s) if r.stage == "datasets"]
+    lora, full = models("lora"), models("embedded")
+    key = "smollm2-135m:fake30:relation"
+    assert lora[key] != full[key] and data("lora") == data("embedded")   # the dataset is shared with runs/embedded
+    s = load_sweep("lora")
+    s["train"]["overrides"] = {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
+    assert models(s)[key] != lora[key]
+    s["train"]["overrides"] = {"lora": {"r": 0}}
+    with pytest.raises(ValueError, match="r must be >= 1"): load_sweep({**{k: v for k, v in s.items() if k != "source"}})

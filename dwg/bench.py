@@ -9,12 +9,13 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .models import load, checkpoint_dir
 from .data import create_dataset, load_split
+from .lora import read_adapter
 from .evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from .patch import patch
 from .plans import get_plan, plan_groups
 
 # %% auto #0
-__all__ = ['REFERENCE_PARAMS', 'naive_last_logits', 'make_standin_donor', 'run_benchmark', 'main']
+__all__ = ['REFERENCE_PARAMS', 'naive_last_logits', 'make_standin_donor', 'make_standin_adapter', 'run_benchmark', 'main']
 
 # %% ../nbs/07_bench.ipynb #c93339f7
 _LLAMA_PARTS = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
@@ -140,6 +141,16 @@ def make_standin_donor(model: str, out_dir, scale: float = 0.02, seed: int = 0) 
     tok.save_pretrained(out_dir)
     return str(out_dir)
 
+def make_standin_adapter(model: str, out_dir, r: int = 16, seed: int = 0) -> str:
+    "Save a stand-in LoRA adapter of `model`: random deltas (B too), rank `r`, on every attention and MLP projection."
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(seed)
+    net = get_peft_model(load(model)[0], LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
+                                                    init_lora_weights=False, base_model_name_or_path=model))
+    net.peft_config["default"].base_model_name_or_path = model
+    net.save_pretrained(out_dir)
+    return str(out_dir)
+
 # %% ../nbs/07_bench.ipynb #0d36556b
 def _bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
     "`n` evaluation examples of one prompt (`stars_alongside` if the dataset has it) and that prompt's name."
@@ -203,25 +214,46 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     ids = prep["batch"]["input_ids"][:n_original].tolist()
     res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep["pads"]))
 
-def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: int = 64, n_original: int = 5,
-                  n_facts: int = 100, workdir: str | None = None) -> dict:
-    "Measure the engine against the original algorithm and a plain forward; return the numbers."
+def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: float):
+    "The graft from a LoRA adapter (no second model): timed against a plain forward, then the peak memory; returns its forward."
+    adapter, part = read_adapter(lora), {}
+    res["lora_adapter_mb"] = sum(t.numel() * t.element_size() for d in adapter.deltas.values() for t in (d.A, d.B)) / 2**20
+    _, engine = _time_forwards(part, base, dict(pretrained=base, finetuned=adapter), plan, prep, masks)
+    res.update({f"lora_{k}": part[k] for k in ("grafted_forward_s", "grafted_over_plain", "grafted_over_plain_unpadded")})
+    res["lora_plain_forward_s"] = part["plain_forward_s"]   # the plain forward timed in this round
+    res["lora_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
+    return engine
+
+def _lora_vs_merged(res: dict, lora: str, plan, prep: dict, masks: list, engine):
+    "The largest probability difference between grafting the adapter and grafting peft's merged model."
+    base, merged = load(res["model"])[0], load(lora)[0]
+    with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
+    res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
+
+def _standin(kind: str, model: str, out: str) -> str:
+    "Make a stand-in donor or adapter in a child process (so that making it does not count in this process's peak memory)."
+    code = f"from dwg.bench import make_standin_{kind}; make_standin_{kind}({model!r}, {out!r})"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return out
+
+def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: str = "standin", batch: int = 64,
+                  n_original: int = 5, n_facts: int = 100, workdir: str | None = None) -> dict:
+    "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft); return the numbers."
     workdir = workdir or tempfile.mkdtemp()
-    if donor is None:  # made in a child process, so that making it does not count in this process's peak memory
-        donor = f"{workdir}/donor"
-        code = f"from dwg.bench import make_standin_donor; make_standin_donor({model!r}, {donor!r})"
-        subprocess.run([sys.executable, "-c", code], check=True)
-    donor = str(checkpoint_dir(donor))   # a sweep's training run directory works too
-    res = dict(model=model, donor=donor, batch=batch, threads=torch.get_num_threads())
+    donor = str(checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor")))   # a sweep's run directory works too
+    lora = None if lora == "none" else _standin("adapter", model, f"{workdir}/adapter") if lora == "standin" else lora
+    res = dict(model=model, donor=donor, lora=lora, batch=batch, threads=torch.get_num_threads())
     _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
     rss0 = _rss_mb()
     base, tok = load(model)
-    don = load(donor)[0]
     res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
     exs, template = _bench_examples(workdir, max(n_facts, batch))
-    models, plan = dict(pretrained=base, finetuned=don), get_plan("FE+LT")
+    plan = get_plan("FE+LT")
     prep = prepare(tok, exs[:batch])
     masks, _ = rule_masks(plan, prep)
+    lora_engine = lora and _time_lora(res, base, lora, plan, prep, masks, rss0)   # before the full donor: peak RSS
+    don = load(donor)[0]
+    models = dict(pretrained=base, finetuned=don)
     plain, engine = _time_forwards(res, base, models, plan, prep, masks)
     res["peak_rss_mb_engine"], res["rss_code_loaded_mb"] = _rss_mb(), rss0
     res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
@@ -234,12 +266,15 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, batch: 
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
+    if lora: _lora_vs_merged(res, lora, plan, prep, masks, lora_engine)
     return res
 
 _OPTION_HELP = dict(
     model="the base model (a name dwg.models.load knows)",
     donor="the donor checkpoint, e.g. a sweep's relation model runs/embedded/models/<id>; default: a stand-in made "
           "from the base model plus small random changes (same timing, no fine-tuned behaviour)",
+    lora="a LoRA adapter directory of the base model (e.g. a LoRA training run); 'standin': random deltas, r 16, on "
+         "every attention and MLP projection; 'none': skip the LoRA measurements",
     batch="examples per batched forward", n_original="examples run through the original algorithm (seconds each)",
     n_facts="facts in the position sweep (12 plans x n_facts x 1 prompt)",
     workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")

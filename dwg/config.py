@@ -12,8 +12,8 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'TrainConfig', 'config_keys', 'make_config', 'configs_dir', 'training_profiles', 'profile_path',
-           'load_profile', 'resolve_config']
+__all__ = ['PRECISIONS', 'LORA_KEYS', 'TrainConfig', 'config_keys', 'make_config', 'configs_dir', 'training_profiles',
+           'profile_path', 'load_profile', 'resolve_config']
 
 # %% ../nbs/04a_config.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -52,7 +52,10 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     report_to: str = "none"           # e.g. tensorboard, wandb
     trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name
+    lora: dict = field(default_factory=dict)     # LoRA fine-tune (peft) instead of a full one: r, alpha, dropout,
+                                                 # target_modules (see LORA_KEYS); empty: full fine-tune
 
+LORA_KEYS = dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear")   # defaults of a profile's `lora:`
 _CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType))
 _RESERVED_TRAINER_KEYS = ("output_dir", "seed", "data_seed")
 
@@ -105,6 +108,21 @@ def _check_trainer_args(extra: dict, source: str) -> dict:
     if bad: raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
     return extra
 
+def _check_lora(lora: dict, source: str) -> dict:
+    "A profile's `lora:` settings with defaults filled in (empty stays empty: a full fine-tune); errors name the key."
+    if not lora: return {}
+    if (bad := [k for k in lora if k not in LORA_KEYS]): raise _unknown_key_error(bad, list(LORA_KEYS), source, "lora setting(s)")
+    out = {**LORA_KEYS, **lora}
+    r, alpha, dropout = (_coerce(f"lora.{k}", t, out[k], source) for k, t in (("r", "int"), ("alpha", "float"), ("dropout", "float")))
+    if r < 1 or alpha <= 0 or not 0 <= dropout < 1:
+        raise ValueError(f"lora in {source}: r must be >= 1, alpha > 0 and 0 <= dropout < 1; got r={r}, alpha={alpha}, "
+                         f"dropout={dropout}.")
+    mods = out["target_modules"]
+    if not (mods == "all-linear" or isinstance(mods, list) and mods and all(isinstance(m, str) for m in mods)):
+        raise ValueError(f"lora.target_modules in {source} must be 'all-linear' or a list of module names "
+                         f"(e.g. [q_proj, v_proj]), got {mods!r}.")
+    return dict(r=r, alpha=alpha, dropout=dropout, target_modules=mods)
+
 def make_config(data: dict, source: str = "the config") -> TrainConfig:
     "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError that names them."
     if not isinstance(data, dict):
@@ -115,6 +133,7 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     hints = typing.get_type_hints(TrainConfig)
     vals = {k: _coerce(k, hints[k].__name__, v, source) for k, v in data.items()}
     if "trainer" in vals: _check_trainer_args(vals["trainer"], source)
+    if "lora" in vals: vals["lora"] = _check_lora(vals["lora"], source)
     cfg = TrainConfig(**vals)
     positive = ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps",
                 "save_total_limit")

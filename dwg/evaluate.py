@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
-import json, time
+import dataclasses, json, time
 from contextlib import ExitStack
 from pathlib import Path
 import pandas as pd
@@ -12,15 +12,16 @@ import torch
 from tqdm.auto import tqdm
 from .data import load_split, token_positions
 from .models import load
+from .lora import Adapter, adapter_dir, read_adapter
 from .graft import graft, resolve_layers
 from .patch import patch
-from .plans import expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan
+from .plans import Rule, expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan
 from .runs import report_progress, write_jsonl, write_run_record
 
 # %% auto #0
 __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'first_token_scores', 'top_k', 'prepare',
            'rule_masks', 'grafted', 'first_grafted_column', 'SharedPrefix', 'plan_forward', 'score_plan',
-           'evaluate_plans', 'summarize', 'select_examples', 'run_grafting']
+           'evaluate_plans', 'summarize', 'adapter_roles', 'select_examples', 'run_grafting']
 
 # %% ../nbs/03_evaluate.ipynb #8dc1e565
 def encode(tokenizer, prompts: list[str], device=None) -> dict:
@@ -253,11 +254,30 @@ def summarize(rows, ks=(1, 5), by=("plan", "template")):
     return out.reset_index()
 
 # %% ../nbs/03_evaluate.ipynb #105a0b49
-def _load_roles(models: dict) -> tuple[dict, object]:
-    "Load each distinct model of a role -> (name | path | model) mapping once; return (role -> model, tokenizer)."
+def adapter_roles(models: dict, plans: list, alone: bool = True) -> dict[str, str]:
+    """Roles whose model is a LoRA adapter directory that `plans` can use with no merged second model -> the role of the
+    adapter's base model: the plans graft it into that base (never patch it), and, if `alone`, run it on its own (a plan
+    with no rules, done as its base with the adapter grafted everywhere: the same model)."""
+    out = {}
+    for role, m in models.items():
+        if isinstance(m, tuple) or adapter_dir(m) is None: continue
+        base = read_adapter(m).base
+        home = next((r for r, o in models.items() if r != role and not isinstance(o, tuple) and str(o) == base), None)
+        grafted_into_base = all(r.method != "patch" and str(models.get(p.base)) == base
+                                for p in plans for r in p.rules if r.donor == role)
+        if home and grafted_into_base and all(alone and not p.rules for p in plans if p.base == role): out[role] = home
+    return out
+
+def _adapter_plans(plans: list, light: dict) -> list:
+    "`plans` with each plan that runs a light adapter role alone rewritten as its base role with the adapter grafted everywhere."
+    return [dataclasses.replace(p, base=light[p.base], rules=[Rule(p.base)]) if p.base in light else p for p in plans]
+
+def _load_roles(models: dict, adapters: set = frozenset()) -> tuple[dict, object]:
+    "Load each distinct model of a role -> (name | path | model) mapping once (`adapters`: roles kept as LoRA adapters); return (role -> model, tokenizer)."
     loaded, out, tok = {}, {}, None
     for role, m in models.items():
         if isinstance(m, tuple): out[role], tok = m[0], tok or m[1]; continue
+        if role in adapters: out[role] = read_adapter(m); continue
         key = str(m)
         if key not in loaded: loaded[key] = load(key)
         out[role] = loaded[key][0]; tok = tok or loaded[key][1]
@@ -285,8 +305,11 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     need = sorted({r for p in nominal for r in p.roles} - set(models))
     if need: raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
     examples = select_examples(dataset_dir, templates, split, max_examples)
-    bound, tok = _load_roles({r: m for r, m in models.items() if any(r in p.roles for p in nominal)})
-    plans = [get_plan(p) for p in expand_plans(plans, next(iter(bound.values())).config.num_hidden_layers)]
+    used = {r: m for r, m in models.items() if any(r in p.roles for p in nominal)}
+    light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
+    bound, tok = _load_roles(used, set(light))
+    depth = next(m for m in bound.values() if not isinstance(m, Adapter)).config.num_hidden_layers
+    plans = _adapter_plans([get_plan(p) for p in expand_plans(plans, depth)], light)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None

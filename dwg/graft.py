@@ -9,6 +9,7 @@ import inspect, re
 import torch
 from .arch import blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
     n_experts, norm_roles, part_rows, position_axes, unsupported_reason
+from .lora import as_donor
 
 # %% auto #0
 __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups', 'resolve_layers', 'graftable',
@@ -440,7 +441,9 @@ def _check_batch(mask):
 
 @contextmanager
 def graft(recipient, donor, mask, layers="all", components="all"):
-    "Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x `components`."
+    """Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x `components`.
+    `donor`: a model, or a LoRA adapter (directory or PeftModel, see `dwg.lora`): the recipient's modules plus its deltas."""
+    donor = as_donor(recipient, donor)
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
@@ -448,6 +451,9 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     forward_pass, added = _enter_pass(recipient), []
     try:
         for r, d, part, axes in targets:
+            if d is r:   # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
+                if "_dwg_splice" not in r.__dict__: continue
+                d = r.forward   # the module without its graft hooks
             experts = isinstance(part, tuple)
             entry = (d, mask, part[1] if experts else part)
             _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes); added.append((r, entry))

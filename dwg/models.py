@@ -4,16 +4,16 @@
 
 # %% ../nbs/00_models.ipynb #7049679a
 from __future__ import annotations
-import os, socket, subprocess, sys, tempfile, zipfile, shutil, importlib.util
+import json, os, socket, subprocess, sys, tempfile, zipfile, shutil, importlib.util
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .runs import publish_dir
 
 # %% auto #0
-__all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'available', 'dwg_home', 'default_device',
-           'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer', 'tiny_model',
-           'checkpoint_dir', 'load']
+__all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'ADAPTER_CONFIG', 'available', 'dwg_home',
+           'default_device', 'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer',
+           'tiny_model', 'checkpoint_dir', 'load']
 
 # %% ../nbs/00_models.ipynb #472c0f30
 HUB_MODELS = {
@@ -161,11 +161,28 @@ def checkpoint_dir(path) -> Path:
     path = Path(path)
     return path / "model" if not (path / "config.json").exists() and (path / "model" / "config.json").exists() else path
 
+ADAPTER_CONFIG = "adapter_config.json"   # a LoRA adapter directory (peft's save_pretrained) holds this
+
+def _load_adapter(path: Path, dtype, device):
+    "A LoRA adapter directory -> its base model (named in its config) with the adapter merged in by peft, and a tokenizer."
+    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"'{path}' is a LoRA adapter, but its {ADAPTER_CONFIG} names no base model "
+                         "(base_model_name_or_path). Fix: set it to the model the adapter was trained on.")
+    from peft import PeftModel   # only adapters need it
+    model, tok = load(base, dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    model.name_or_path = model.config._name_or_path = str(path)
+    if (path / "tokenizer_config.json").is_file(): tok = _with_pad(AutoTokenizer.from_pretrained(path))
+    return model.eval(), tok
+
 def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, device=None, seed: int = 0):
     "Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad token."
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or torch.float32
     name = str(name_or_path)
+    adapter = next((d for d in (Path(name), Path(name) / "model") if (d / ADAPTER_CONFIG).is_file()), None)
+    if adapter is not None and name not in TINY_MODELS and name != EMBEDDED: return _load_adapter(adapter, dtype, device)
     if name in TINY_MODELS: model, tok = tiny_model(name, seed)
     elif name == EMBEDDED or Path(name).is_dir():
         path = checkpoint_dir(prepare_embedded() if name == EMBEDDED else name)
@@ -178,4 +195,6 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
     else:
         raise ValueError(f"Unknown model '{name}': not a known name, a local checkpoint directory or a hub id "
                          f"('org/name'). Known names: {', '.join(available())}.")
+    if name in TINY_MODELS or name == EMBEDDED:   # the name a LoRA adapter trained on it records as its base
+        model.name_or_path = model.config._name_or_path = name if seed == 0 or name == EMBEDDED else f"{name} (seed {seed})"
     return model.to(device=device, dtype=dtype).eval(), _with_pad(tok)

@@ -8,6 +8,7 @@ import copy
 from contextlib import contextmanager
 import torch
 from .arch import part_rows
+from .lora import is_lora_donor
 from .graft import _aligned, _as_mask, _check_batch, architecture, check_compatible, resolve_layers
 
 # %% auto #0
@@ -169,6 +170,9 @@ def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> 
 def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None):
     """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
     a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context."""
+    if is_lora_donor(donor):
+        raise ValueError("patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
+                         "the merged model, dwg.models.load(adapter_dir)[0] (grafting takes the adapter itself).")
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
     idx = resolve_layers(layers, recipient.config.num_hidden_layers)

@@ -18,7 +18,7 @@ from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'encode_row', 'encode_rows', 'PadCollator', 'PackCollator',
-           'packing_works', 'LengthChunkSampler', 'check_tokenizer', 'freeze_embeddings', 'recall_metrics',
+           'packing_works', 'LengthChunkSampler', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
            'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer', 'throughput',
            'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
 
@@ -202,6 +202,19 @@ def freeze_embeddings(model, embeddings: bool = False, unembeddings: bool = Fals
     for n, p in model.named_parameters():
         if id(p) in frozen: p.requires_grad_(False); names.append(n)
     return names
+
+def with_lora(model, lora: dict, base_name: str):
+    "`model` (changed in place) as a peft `PeftModel` with the LoRA adapter of a profile's `lora:` settings; its base is `base_name`."
+    from peft import LoraConfig, get_peft_model   # only LoRA runs need peft
+    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], task_type="CAUSAL_LM",
+                     target_modules=lora["target_modules"], base_model_name_or_path=base_name)
+    try: net = get_peft_model(model, cfg)
+    except ValueError as e:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"lora.target_modules {lora['target_modules']} do not fit {type(model).__name__} ({e}). Fix: "
+                         f"name modules this model has (its linear layers: {', '.join(linear)}), or 'all-linear'.") from None
+    net.peft_config["default"].base_model_name_or_path = base_name   # get_peft_model replaces it with the model's name
+    return net
 
 # %% ../nbs/04_train.ipynb #bdf65a3f
 def recall_metrics(model, tokenizer, examples: list[dict], batch_size: int = 32, ks=(1, 5)) -> dict:
@@ -414,7 +427,8 @@ def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
     return dict(**{k: v for k, v in run["run_config"].items() if k != "config"}, profile=run["profile"],
                 precision=run["precision"], device=run["device"], n_train_texts=len(run["data"]["train"]),
                 n_validation_texts=len(run["data"]["validation"]), n_facts=len(run["data"]["fact_ids"]),
-                n_recall_examples=run["n_recall"], frozen=run["frozen"], global_step=state.global_step,
+                n_recall_examples=run["n_recall"], frozen=run["frozen"], lora=cfg.lora or None,
+                trainable_params=run["params"][0], total_params=run["params"][1], global_step=state.global_step,
                 epochs_done=state.epoch, train_loss=result.training_loss, final=epochs[-1] if epochs else {},
                 best_eval_loss=state.best_metric if cfg.best_by_eval_loss else None,
                 best_step=state.best_global_step if cfg.best_by_eval_loss else None, resumed_from=run["resume"],
@@ -456,11 +470,13 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     net, tok = models.load(model, device="cpu", seed=0)   # unknown names fail here; the Trainer places the model
     check_tokenizer(tok, data["info"], data["eval"], net)
     run = dict(cfg=cfg, data=data, device=dev_type, precision=resolve_precision(cfg.precision, dev_type),
-               frozen=freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
+               frozen=[] if cfg.lora else freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
                profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
                run_config=dict(model=str(model), dataset_dir=str(ds.resolve()),
                                dataset_fingerprint=_dataset_fingerprint(ds), direction=direction, split=split,
                                seed=seed, config=dataclasses.asdict(cfg)))
+    if cfg.lora: net = with_lora(net, cfg.lora, str(model))   # the Trainer then saves the adapter only
+    run["params"] = (sum(p.numel() for p in net.parameters() if p.requires_grad), sum(p.numel() for p in net.parameters()))
     run["resume"] = _prepare_work(work, run["run_config"], force)
     # --- training ---
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)

@@ -22,5 +22,17 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path, capsys):
     assert math.isclose(res["peak_rss_over_weights"], res["peak_rss_mb_engine"] / res["weights_mb"])
     assert res["added_rss_over_weights"] < res["peak_rss_over_weights"]
     assert 0 < res["grafted_fraction"] <= 1 and 0 <= res["padding_fraction"] < 1
+    # the LoRA donor (a stand-in adapter in --workdir): its graft equals grafting peft's merged model, its ratios are
+    # the ratios of its printed times, and its memory was read before the full donor was loaded
+    assert res["lora"] == str(tmp_path / "adapter") and res["lora_max_abs_dprob_vs_merged"] < 1e-5
+    assert math.isclose(res["lora_grafted_over_plain"], res["lora_grafted_forward_s"] / res["lora_plain_forward_s"])
+    assert 0 < res["lora_added_rss_over_weights"] <= res["added_rss_over_weights"] and res["lora_adapter_mb"] > 0
     n_plans = len(plan_groups()["position"])
     assert res["position_sweep_size"].startswith(f"{n_plans} plans x 8 facts")
+
+
+def test_benchmark_without_lora(tmp_path):
+    "--lora none skips the LoRA measurements."
+    res = main(["--model", "tiny-llama", "--batch", "4", "--n-original", "1", "--n-facts", "4", "--lora", "none",
+                "--workdir", str(tmp_path)])
+    assert res["lora"] is None and not any(k.startswith("lora_") for k in res)

@@ -15,11 +15,11 @@ from . import data
 from .runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
-__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS',
-           'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run',
-           'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters',
-           'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph',
-           'sweeps_under', 'resolve_params']
+__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS',
+           'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name',
+           'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
+           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph',
+           'read_graph', 'sweeps_under', 'resolve_params']
 
 # %% ../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -37,9 +37,11 @@ STAGES = {s.name: s for s in [
     Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
     Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
     Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
+    Stage("localize", "localize", roles=plans_mod.ROLE_SETS["position"]),   # recipient, donor
     Stage("figures", "figures")]}
 STAGE_ORDER = list(STAGES)
 GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")   # the stages that score plans
+MODEL_SECTIONS = (*GRAFT_SECTIONS, "localize")   # the stages that read trained models
 
 # %% ../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
@@ -50,6 +52,10 @@ SECTIONS = {
                              max_examples=None, seed=0),
     "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
                           seed=0),
+    "localize": dict(pairs="all", templates="paper", split="relation", roles=["first_actor", "last_token", "other"],
+                     components=["q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "globals"],
+                     validate_components=["attn", "ffn", "globals"], steps=8, target=0.9, max_fraction=0.05,
+                     batch_size=32, max_examples=None, bench_repeat=0, seed=0),
     "figures": dict(k=None),
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
@@ -214,7 +220,7 @@ def _read_sections(raw: dict, problems: list) -> dict:
 
 def _check_sections(s: dict, problems: list):
     "Problems across the sections: grafting without training, plans, templates, options, training, Slurm stages."
-    if s["train"] is None and any(s[sec] for sec in GRAFT_SECTIONS):
+    if s["train"] is None and any(s[sec] for sec in MODEL_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
     for sec in GRAFT_SECTIONS:
         if not s[sec]: continue
@@ -222,6 +228,9 @@ def _check_sections(s: dict, problems: list):
         except SweepError as e: problems.append(str(e))
         s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems)
         _check_grafting_options(s[sec], sec, problems)
+    if s["localize"]:
+        s["localize"]["templates"] = _check_templates(s["localize"]["templates"], "localize.templates", problems)
+        _check_grafting_options(s["localize"], "localize", problems)
     if s["train"]: _check_train(s["train"], problems)
     if s["slurm"]:
         stages = s["slurm"]["stages"] or {}
@@ -288,7 +297,7 @@ def _needed_models(s: dict, names: list) -> dict:
     # the SFT model trains on the facts it is tested on
     split = lambda sec: [s[sec]["split"] if s[sec] else "all"]
     for sec, splits in (("graft_positions", split("graft_positions")), ("graft_components", ["task", "relation"]),
-                        ("graft_methods", split("graft_methods"))):
+                        ("graft_methods", split("graft_methods")), ("localize", split("localize"))):
         if s[sec]:
             for pair in _pairs(s[sec]["pairs"], s["models"], names, f"{sec}.pairs"):
                 need.setdefault(pair, []).extend(splits)
@@ -317,7 +326,7 @@ def _model_runs(s: dict, ds: dict) -> dict:
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section and (model, dataset) pair."
     grafts = []
-    for sec in GRAFT_SECTIONS:
+    for sec in MODEL_SECTIONS:
         if not s[sec]: continue
         opts = {k: v for k, v in s[sec].items() if k != "pairs"}
         for m, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs"):
@@ -339,8 +348,8 @@ def expand(sweep) -> list[Run]:
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
     figs = []
-    if s["figures"] and grafts:
-        keys = [g.key for g in grafts]
+    if s["figures"] and (drawn := [g for g in grafts if g.stage in GRAFT_SECTIONS]):
+        keys = [g.key for g in drawn]
         figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **s["figures"]), keys))
     runs = [*ds.values(), *models.values(), *grafts, *figs]
     return list({r.key: r for r in runs}.values())   # identical runs (same id) collapse into one

@@ -4,18 +4,21 @@
 
 # %% ../nbs/02a_plans.ipynb #10a939b9
 from __future__ import annotations
-import random
+import json, random
+from pathlib import Path
+import yaml
 import re
 from dataclasses import asdict, dataclass, field
 from .data import FIELDS
 
 # %% auto #0
 __all__ = ['METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS', 'DEPTH_GROUPS',
-           'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS', 'MissingSpan',
-           'resolve_positions', 'check_positions', 'Rule', 'GraftPlan', 'kept_layers', 'position_plans',
-           'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan', 'method_plans',
-           'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order',
-           'figure_references', 'get_plan', 'expand_plans', 'resolve_plans']
+           'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS',
+           'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'check_positions', 'Rule', 'GraftPlan',
+           'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
+           'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups',
+           'figure_plans', 'figure_order', 'figure_references', 'is_plan_file', 'save_plan', 'load_plan_file',
+           'get_plan', 'expand_plans', 'resolve_plans']
 
 # %% ../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -245,10 +248,31 @@ def figure_references(figure: str) -> list[str]:
     "Names of the plans a figure draws as reference lines."
     return [p.name for p in paper_plans().values() if figure in p.references]
 
+PLAN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+def is_plan_file(plan) -> bool:
+    "Whether `plan` names a plan file (a path ending in .yaml, .yml or .json) rather than a plan."
+    return isinstance(plan, (str, Path)) and str(plan).endswith(PLAN_FILE_SUFFIXES)
+
+def save_plan(plan: GraftPlan, path) -> Path:
+    "Write `plan` as a YAML plan file (atomically), readable by `get_plan`, `evaluate_plans` and a sweep's `plans:`."
+    from dwg.runs import atomic_write
+    return atomic_write(path, yaml.safe_dump(json.loads(json.dumps(plan.to_dict())), sort_keys=False))
+
+def load_plan_file(path) -> GraftPlan:
+    "The plan in a YAML/JSON plan file, or a clear error."
+    p = Path(path)
+    if not p.is_file(): raise ValueError(f"Plan file '{p}' does not exist.")
+    try: d = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e: raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
+    if not isinstance(d, dict): raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")
+    return GraftPlan.from_dict(d)
+
 def get_plan(plan) -> GraftPlan:
-    "A plan from a name (one of `paper_plans()`, or a grid name like `graft:LT@layer_3`), a dict, or a GraftPlan."
+    "A plan from a name (one of `paper_plans()`, or a grid name like `graft:LT@layer_3`), a plan file, a dict, or a GraftPlan."
     if isinstance(plan, GraftPlan): return plan
     if isinstance(plan, dict): return GraftPlan.from_dict(plan)
+    if is_plan_file(plan): return load_plan_file(plan)
     catalog = paper_plans()
     if plan in catalog: return catalog[plan]
     if parsed := parse_method_plan(plan): return parsed
@@ -271,10 +295,11 @@ def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> lis
         raise ValueError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
                          "group names.")
     plans = [q for p in plans for q in groups.get(p, [p])]
-    if unknown := [p for p in plans if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p)]:
+    if unknown := [p for p in plans if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p)
+                   and not is_plan_file(p)]:
         raise ValueError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.plans."
                          f"paper_plans()): {', '.join(catalog)}; groups: {', '.join([*groups, *DEPTH_FAMILIES])}; "
-                         "grid plans like 'graft:LT@layer_3'.")
+                         "grid plans like 'graft:LT@layer_3'; or a plan file (.yaml).")
     need = {p: {r for q in expand_plans([p], 4) for r in get_plan(q).roles} for p in plans}   # depth families: any depth
     if wrong := [p for p in plans if not need[p] <= set(roles)]:
         raise ValueError(f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "

@@ -15,11 +15,11 @@ from . import custom, data
 from .runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
-__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS',
-           'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run',
-           'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters',
-           'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph',
-           'sweeps_under', 'resolve_params']
+__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS',
+           'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name',
+           'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
+           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph',
+           'read_graph', 'sweeps_under', 'resolve_params']
 
 # %% ../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -37,9 +37,11 @@ STAGES = {s.name: s for s in [
     Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
     Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
     Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
+    Stage("localize", "localize", roles=plans_mod.ROLE_SETS["position"]),   # recipient, donor
     Stage("figures", "figures")]}
 STAGE_ORDER = list(STAGES)
 GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")   # the stages that score plans
+MODEL_SECTIONS = (*GRAFT_SECTIONS, "localize")   # the stages that read trained models
 
 # %% ../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
@@ -50,6 +52,10 @@ SECTIONS = {
                              max_examples=None, seed=0),
     "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
                           seed=0),
+    "localize": dict(pairs="all", templates="paper", split="relation", roles=["first_actor", "last_token", "other"],
+                     components=["q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "globals"],
+                     validate_components=["attn", "ffn", "globals"], steps=8, target=0.9, max_fraction=0.05,
+                     batch_size=32, max_examples=None, bench_repeat=0, seed=0),
     "figures": dict(k=None, per_dataset=False, k_by_dataset=None),   # per_dataset: also one figures run per dataset
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
@@ -105,8 +111,7 @@ def _read_sweep(sweep) -> tuple[dict, str]:
     p = Path(sweep)
     if not p.suffix and not p.exists():
         if str(sweep) not in sweep_profiles():
-            raise SweepError(f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; "
-                             "or give a YAML file.")
+            raise SweepError(f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; or a YAML file.")
         p = sweeps_dir() / f"{sweep}.yaml"
     if not p.is_file(): raise SweepError(f"Sweep file '{p}' does not exist.")
     try: raw = yaml.safe_load(p.read_text())
@@ -126,8 +131,7 @@ def _check_models(models, problems):
         return
     for m in models:
         if m not in available() and "/" not in m and not Path(m).exists():
-            problems.append(f"models: unknown model '{m}'. Known: {', '.join(available())}; "
-                            "or a hub id or a local path.")
+            problems.append(f"models: unknown model '{m}'. Known: {', '.join(available())}; or a hub id or a local path.")
 
 # %% ../nbs/05_sweep.ipynb #6b0d2a11
 def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | None:
@@ -233,7 +237,7 @@ def _read_sections(raw: dict, problems: list) -> dict:
 
 def _check_sections(s: dict, problems: list):
     "Problems across the sections: grafting without training, plans, templates, options, training, Slurm stages."
-    if s["train"] is None and any(s[sec] for sec in GRAFT_SECTIONS):
+    if s["train"] is None and any(s[sec] for sec in MODEL_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
     for sec in GRAFT_SECTIONS:
         if not s[sec]: continue
@@ -244,6 +248,9 @@ def _check_sections(s: dict, problems: list):
         s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems,
                                                {d: v for d, v in s["datasets"].items() if d in covered})
         _check_grafting_options(s[sec], sec, problems)
+    if s["localize"]:
+        s["localize"]["templates"] = _check_templates(s["localize"]["templates"], "localize.templates", problems)
+        _check_grafting_options(s["localize"], "localize", problems)
     if s["train"]: _check_train(s["train"], problems)
     kd = (s["figures"] or {}).get("k_by_dataset") or {}
     if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
@@ -314,7 +321,7 @@ def _needed_models(s: dict, names: list) -> dict:
     # the SFT model trains on the facts it is tested on
     split = lambda sec: [s[sec]["split"] if s[sec] else "all"]
     for sec, splits in (("graft_positions", split("graft_positions")), ("graft_components", ["task", "relation"]),
-                        ("graft_methods", split("graft_methods"))):
+                        ("graft_methods", split("graft_methods")), ("localize", split("localize"))):
         if s[sec]:
             for pair in _pairs(s[sec]["pairs"], s["models"], names, f"{sec}.pairs"):
                 need.setdefault(pair, []).extend(splits)
@@ -343,7 +350,7 @@ def _model_runs(s: dict, ds: dict) -> dict:
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section and (model, dataset) pair."
     grafts = []
-    for sec in GRAFT_SECTIONS:
+    for sec in MODEL_SECTIONS:
         if not s[sec]: continue
         opts = {k: v for k, v in s[sec].items() if k != "pairs"}
         for m, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs"):
@@ -371,11 +378,11 @@ def expand(sweep) -> list[Run]:
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
     figs, f = [], s["figures"]
-    if f and grafts:
-        keys, opts = [g.key for g in grafts], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
+    if f and (drawn := [g for g in grafts if g.stage in GRAFT_SECTIONS]):
+        keys, opts = [g.key for g in drawn], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
         figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **opts), keys))
         for d in s["datasets"] if f["per_dataset"] else []:   # one more figures run per dataset, with its own k
-            mine = [g.key for g in grafts if g.params["dataset_dir"] == f"@{ds[d].key}"]
+            mine = [g.key for g in drawn if g.params["dataset_dir"] == f"@{ds[d].key}"]
             k = (f["k_by_dataset"] or {}).get(d, f["k"])
             if mine: figs.append(_make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine))
     runs = [*ds.values(), *models.values(), *grafts, *figs]

@@ -26,6 +26,9 @@ STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names 
                          'out_dir = ""\nseed = 0'),
     "graft_methods": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
                       'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0'),
+    "localize": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "paper"\nsplit = "relation"\n'
+                 'roles = []\ncomponents = []\nvalidate_components = []\nsteps = 8\ntarget = 0.9\n'
+                 'max_fraction = 0.05\nbatch_size = 32\nmax_examples = 0\nbench_repeat = 0\nout_dir = ""\nseed = 0'),
     "figures": 'runs_dir = ""\ninclude = "all"\nk = 5\nout_dir = ""',
 }
 
@@ -96,6 +99,7 @@ finish(steps=3)''',
     "graft_positions": "grafting_results(finetuned)",
     "graft_components": "grafting_results(task, relation, prob=0.5)",
     "graft_methods": "grafting_results(finetuned)",
+    "localize": "grafting_results(finetuned)",
     "figures": '''\
 out.mkdir(parents=True, exist_ok=True)
 found = []

@@ -1,0 +1,41 @@
+"""dwg.localize in the sweep: the `localize` stage and profile (the core is tested in nbs/03a_localize.ipynb)."""
+import pytest, yaml
+from dwg import sweep as sw
+
+
+def test_localize_profile_graph():
+    "The localize profile: dataset, the relation fine-tune, one localize run reading it; no figures run feeds on it."
+    g = sw.expand("localize")
+    assert [r.stage for r in g] == ["datasets", "models", "localize"]
+    model, loc = g[1], g[2]
+    assert model.params["split"] == "relation" and loc.inputs[-1] == model.key
+    assert loc.params["finetuned"] == f"@{model.key}" and loc.params["pretrained"] == "smollm2-135m"
+    assert loc.params["templates"] == ["stars_alongside", "qa_actor_named", "stars_in_movie_alongside", "new_film_other_lead"]
+
+
+def test_localize_section_in_another_sweep():
+    "A localize section next to the grafting sections shares their SFT model; figures read only the grafting runs."
+    d = yaml.safe_load((sw.sweeps_dir() / "smoke.yaml").read_text())
+    d["localize"] = dict(split="relation", templates="all", max_fraction=0.5)
+    g = sw.expand(d)
+    loc = next(r for r in g if r.stage == "localize")
+    assert loc.inputs[-1] == next(r for r in g if r.stage == "graft_positions").inputs[-1] or \
+        next(r for r in g if r.stage == "graft_positions").params["split"] != "relation"
+    assert loc.key not in next(r for r in g if r.stage == "figures").inputs
+
+
+def test_localize_section_errors():
+    "Unknown keys and bad options are errors before anything runs."
+    d = yaml.safe_load((sw.sweeps_dir() / "localize.yaml").read_text())
+    with pytest.raises(sw.SweepError, match="unknown key 'layerz'"):
+        sw.load_sweep({**d, "localize": {**d["localize"], "layerz": 3}})
+    with pytest.raises(sw.SweepError, match="localize.split"):
+        sw.load_sweep({**d, "localize": {**d["localize"], "split": "both"}})
+    with pytest.raises(sw.SweepError, match="localize.templates"):
+        sw.load_sweep({**d, "localize": {**d["localize"], "templates": ["nope"]}})
+
+
+def test_localize_notebook_takes_the_section():
+    "The real experiment notebook has a parameter for every key of the section (papermill would ignore others)."
+    runs = sw.expand("localize")
+    sw.check_notebooks(runs, sw.default_notebooks_dir())

@@ -45,12 +45,12 @@ def _plan_recovery(facts: pd.DataFrame, probs: pd.Series, plan: str, base: str, 
     return dict(plan=plan, recovery=float(_recovery(v)), lo=float(lo), hi=float(hi), n_facts=len(v), prob=prob,
                 logprob=float(means[0]), logprob_base=float(means[1]), logprob_full=float(means[2]))
 
-def _reference_pair(plan: str, have, refs, catalog: dict) -> tuple | None:
-    """The first (base, full) pair of `refs` that `have` holds with a reference that runs the same model as `plan` (a
-    component plan runs the task model, as TASK does); for a plan the catalogue does not know, the first pair held."""
-    info, held = catalog.get(plan) or parse_method_plan(plan), [(b, f) for b, f in refs if b in have and f in have]
+def _reference_pair(plan: str, held: list, catalog: dict) -> tuple:
+    """The first (base, full) pair of `held` (non-empty) with a reference that runs the same model as `plan` (a
+    component plan runs the task model, as TASK does); for a plan the catalogue does not know, the first pair."""
+    info = catalog.get(plan) or parse_method_plan(plan)
     same = [(b, f) for b, f in held if info is not None and info.base in {catalog[r].base for r in (b, f) if r in catalog}]
-    return (same or held or [None])[0]
+    return (same or held)[0]
 
 def recovery_table(df: pd.DataFrame, refs=REFERENCE_PAIRS, n_boot: int = 1000, seed: int = 0,
                    level: float = 0.95) -> pd.DataFrame:
@@ -69,11 +69,11 @@ def recovery_table(df: pd.DataFrame, refs=REFERENCE_PAIRS, n_boot: int = 1000, s
     for run, facts in per_fact.groupby(level=keys, sort=False):
         run = dict(zip(keys, run if isinstance(run, tuple) else (run,)))
         facts = facts.dropna(axis=1, how="all")
-        if _reference_pair("", facts.columns, refs, {}) is None:
+        if not (held := [(b, f) for b, f in refs if b in facts and f in facts]):
             left_out.append(f"{' · '.join(map(str, run.values()))} (no {pairs} rows)")
             continue
         for plan in facts.columns:
-            if (pair := _reference_pair(plan, facts.columns, refs, catalog)) is None: continue
+            pair = _reference_pair(plan, held, catalog)
             rows.append(run | dict(base=pair[0], full=pair[1])
                         | _plan_recovery(facts, probs.loc[facts.index, plan], plan, *pair, n_boot, seed, level))
     if not rows:

@@ -216,7 +216,9 @@ def _timed_check(model_type: str, limit: int) -> dict:
     def stop(*_): raise TimeoutError(f"took over {limit} s")
     old = signal.signal(signal.SIGALRM, stop); signal.alarm(limit)
     try: return check_family(model_type)
-    except Exception as e: return dict(model_type=model_type, status="not built", reason=f"{type(e).__name__}: {e}"[:200])
+    except TimeoutError as e: return dict(model_type=model_type, status="not built", reason=f"TimeoutError: {e}")
+    except Exception as e:   # build errors are caught in check_family: this one came from grafting or the reference
+        return dict(model_type=model_type, status="fails", reason=f"{type(e).__name__}: {e}"[:200])
     finally: signal.alarm(0); signal.signal(signal.SIGALRM, old)
 
 def main(argv=None):

@@ -35,7 +35,7 @@ def _discover(model) -> dict:
     names = {k: v for k, v in names.items() if v[0] in per_position}
     unused = [p for p in modules if axes[p][0] is None] + [p for k, p in glob.items() if axes[k][0] is None]
     glob = {k: p for k, p in glob.items() if axes[k][0] is not None}
-    return dict(layers=layers_path, globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
+    return dict(layers=layers_path, n_layers=len(layers), globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
                 blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
                 experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
                 not_per_position=unused)
@@ -411,7 +411,7 @@ def _where(arch: dict, name: str) -> tuple[str, object]:
 def _targets(recipient, donor, layers, components) -> list[tuple]:
     "(recipient module, donor module, part, position axis) for every grafted module; part: None, output rows or experts."
     arch = architecture(recipient)
-    idx = resolve_layers(layers, len(decoder_layers(recipient)[1]))
+    idx = resolve_layers(layers, arch["n_layers"])   # discovered once per model, not scanned per graft
     out = []
     for name in resolve_components(recipient, components):
         if name in arch["globals"]:

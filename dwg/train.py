@@ -396,7 +396,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     flops = [matmul_rate(**mm)]   # this machine's matmul rate, before and after training: the ceiling's load
     result = trainer.train(resume_from_checkpoint=run["resume"])
     flops.append(matmul_rate(**mm))
-    run["throughput"] = throughput(*trainer.tokens, timer.seconds, net.num_parameters(), flops, run["precision"])
+    run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], flops, run["precision"])
     if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()

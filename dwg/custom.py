@@ -8,13 +8,13 @@ import csv, hashlib, io, json, random, re, shutil, string, tempfile, unicodedata
 from pathlib import Path
 import yaml
 import dwg
-from .data import ASSETS, DATASET_FILES, assign_splits, hold_out, render, template_fields
+from .data import ASSETS, DATASET_FILES, assign_splits, hold_out, leaked_names, render, template_fields
 from .runs import publish_dir, write_jsonl
 
 # %% auto #0
 __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLATE_KEYS', 'read_facts', 'read_templates',
-           'check_custom_templates', 'tokenises_to_nothing', 'check_facts', 'custom_leaks', 'load_custom',
-           'build_custom', 'create_custom_dataset', 'example_files']
+           'check_custom_templates', 'tokenises_to_nothing', 'check_facts', 'load_custom', 'build_custom',
+           'create_custom_dataset', 'example_files']
 
 # %% ../nbs/01a_custom.ipynb #bbeb61a5
 CUSTOM_KIND = "custom"
@@ -211,13 +211,6 @@ def _custom_evals(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
                         split=fact["split"], first_entity=e["first_entity"], target_field=e["target"]))
     return out
 
-def custom_leaks(ds: dict, fields) -> list[tuple[str, str]]:
-    "Pairs (relation fact id, value of one of `fields`) that occur, as whole words, in any task-split text or prompt."
-    task_text = "\n".join([l["text"] for l in ds["train"] + ds["validation"] if l["split"] == "task"] +
-                          [e["prompt"] for e in ds["eval"] if e["split"] == "task"])
-    return [(f["id"], f[k]) for f in ds["metadata"] if f["split"] == "relation" for k in fields
-            if re.search(rf"(?<!\w){re.escape(f[k])}(?!\w)", task_text)]
-
 # %% ../nbs/01a_custom.ipynb #d908747e
 def _digest(path) -> str:
     "A short hash of a file's bytes (recorded, so a dataset says which facts and templates made it)."
@@ -254,7 +247,7 @@ def build_custom(facts, templates, n_facts: int | None = None, seed: int = 0, *,
     train, validation = hold_out(lines, seed, val_fraction)
     ds = dict(metadata=picked, train=train, validation=validation, eval=evals)
     roles = list(dict.fromkeys(x for e in spec["eval"].values() for x in (e["first_entity"], e["target"])))
-    if (leaks := custom_leaks(ds, roles)):
+    if (leaks := leaked_names(ds, roles)):
         (fid, v), = leaks[:1]
         line = next(f["line"] for f in picked if f["id"] == fid)
         raise ValueError(f"{facts} line {line}: {v!r} (a relation-split fact) also occurs in the task split's texts, "

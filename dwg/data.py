@@ -11,10 +11,10 @@ from .runs import publish_dir, read_jsonl, write_jsonl
 
 # %% auto #0
 __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAKE_FACTS', 'ARTICLE_TEMPLATES', 'QA_TEMPLATES',
-           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'DATASET_FILES',
-           'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates',
-           'max_facts', 'make_facts', 'read_articles', 'assign_splits', 'hold_out', 'build_dataset', 'leaked_names',
-           'create_dataset', 'load_split', 'token_positions']
+           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS',
+           'DATASET_FILES', 'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors',
+           'check_templates', 'max_facts', 'make_facts', 'read_articles', 'assign_splits', 'hold_out', 'build_dataset',
+           'leaked_names', 'create_dataset', 'load_split', 'token_positions']
 
 # %% ../nbs/01_data.ipynb #f4bed3ce
 ASSETS = Path(dwg.__file__).parent / "assets"
@@ -386,14 +386,16 @@ def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction:
     return dict(metadata=metadata, train=train, validation=validation, eval=evals, info=info)
 
 # %% ../nbs/01_data.ipynb #9b0e53c8
-def leaked_names(ds: dict) -> list[tuple[str, str]]:
-    "Pairs (relation fact id, name/title) whose name or title occurs in any task-split text or prompt."
+LEAK_FIELDS = ("first_actor", "second_actor", "movie_title", "director", "main_character")
+
+def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
+    "Pairs (relation fact id, value of one of `fields`) whose value occurs, as whole words, in any task-split text or prompt."
     task_text = "\n".join([l["text"] for l in ds["train"] + ds["validation"] if l["split"] == "task"] +
                           [e["prompt"] for e in ds["eval"] if e["split"] == "task"])
     leaks = []
     for f in ds["metadata"]:
         if f["split"] != "relation": continue
-        for k in ("first_actor", "second_actor", "movie_title", "director", "main_character"):
+        for k in fields:
             v = f.get(k)
             if v and re.search(rf"(?<!\w){re.escape(str(v))}(?!\w)", task_text): leaks.append((f["id"], v))
     return leaks

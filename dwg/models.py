@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .runs import publish_dir
+from .lora import ADAPTER_CONFIG, adapter_dir
 
 # %% auto #0
-__all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'ADAPTER_CONFIG', 'available', 'dwg_home',
-           'default_device', 'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer',
-           'tiny_model', 'checkpoint_dir', 'load']
+__all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MODELS', 'available', 'dwg_home', 'default_device',
+           'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer', 'tiny_model',
+           'checkpoint_dir', 'load']
 
 # %% ../nbs/00_models.ipynb #472c0f30
 HUB_MODELS = {
@@ -161,8 +162,6 @@ def checkpoint_dir(path) -> Path:
     path = Path(path)
     return path / "model" if not (path / "config.json").exists() and (path / "model" / "config.json").exists() else path
 
-ADAPTER_CONFIG = "adapter_config.json"   # a LoRA adapter directory (peft's save_pretrained) holds this
-
 def _load_adapter(path: Path, dtype, device):
     "A LoRA adapter directory -> its base model (named in its config) with the adapter merged in by peft, and a tokenizer."
     base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
@@ -181,7 +180,7 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or torch.float32
     name = str(name_or_path)
-    adapter = next((d for d in (Path(name), Path(name) / "model") if (d / ADAPTER_CONFIG).is_file()), None)
+    adapter = adapter_dir(name)
     if adapter is not None and name not in TINY_MODELS and name != EMBEDDED: return _load_adapter(adapter, dtype, device)
     if name in TINY_MODELS: model, tok = tiny_model(name, seed)
     elif name == EMBEDDED or Path(name).is_dir():

@@ -222,6 +222,8 @@ def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: 
     res.update({f"lora_{k}": part[k] for k in ("grafted_forward_s", "grafted_over_plain", "grafted_over_plain_unpadded")})
     res["lora_plain_forward_s"] = part["plain_forward_s"]   # the plain forward timed in this round
     res["lora_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
+    # what the adapter and its graft add to the recipient's own peak at work, in units of one model's weights
+    res["lora_extra_rss_over_weights"] = res["lora_added_rss_over_weights"] - res["plain_added_rss_over_weights"]
     return engine
 
 def _lora_vs_merged(res: dict, lora: str, plan, prep: dict, masks: list, engine):
@@ -251,6 +253,8 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     plan = get_plan("FE+LT")
     prep = prepare(tok, exs[:batch])
     masks, _ = rule_masks(plan, prep)
+    last_logits(base, prep["batch"])   # the recipient alone at work: its weights plus one plain forward's activations
+    res["plain_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
     lora_engine = lora and _time_lora(res, base, lora, plan, prep, masks, rss0)   # before the full donor: peak RSS
     don = load(donor)[0]
     models = dict(pretrained=base, finetuned=don)
@@ -258,6 +262,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     res["peak_rss_mb_engine"], res["rss_code_loaded_mb"] = _rss_mb(), rss0
     res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
     res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
+    res["donor_extra_rss_over_weights"] = res["added_rss_over_weights"] - res["plain_added_rss_over_weights"]
     _time_patching(res, base, don, prep, masks, plain)   # after the memory reading: patching is not grafting
     _time_original(res, base, don, prep, masks, plain, engine, n_original)
     sweep_plans, sweep_exs = plan_groups()["position"], exs[:n_facts]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import argparse, dataclasses, hashlib, json, os, random, shutil, sys, time, warnings
 from pathlib import Path
+import pandas as pd
 import torch, yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -20,11 +21,14 @@ from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
            'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer', 'throughput',
-           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train', 'main']
+           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train',
+           'trained_models', 'training_row', 'training_table', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
-    "Whether this CPU computes bf16 natively (AVX512-BF16 or AMX)."
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX) and torch may use it: with `ATEN_CPU_CAPABILITY=avx2`
+    (and `ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`) an AVX512 machine trains as an AVX2-only one would."""
+    if not any(isa in torch.backends.cpu.get_cpu_capability() for isa in ("AVX512", "AMX")): return False
     try: return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError: return False
 
@@ -401,6 +405,35 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out
+
+# %% ../nbs/04_train.ipynb #706d5c46
+def trained_models(run_dirs) -> list[Path]:
+    "The training runs (directories with a `train_summary.json`) that finished grafting runs `run_dirs` used as models."
+    out = []
+    for d in map(Path, run_dirs):
+        models_of = json.loads((d / "run.json").read_text()).get("config", {}).get("models") or {}
+        for p in map(Path, map(str, models_of.values())):
+            if has_train_summary(p) and p not in out: out.append(p)
+    return out
+
+def _run_name(model_dir: Path) -> str:
+    "A training run's name in a sweep: `models/<id>` for `.../models/<id>/model`, else the directory's name."
+    return f"{model_dir.parent.parent.name}/{model_dir.parent.name}" if model_dir.name == "model" else model_dir.name
+
+def training_row(model_dir: os.PathLike) -> dict:
+    "One training run's data, method, precision, time, speed (share of this machine's ceiling) and recall of its facts."
+    d = Path(model_dir)
+    s, info = json.loads((d / TRAIN_SUMMARY).read_text()), d / "dataset" / "dataset_info.json"
+    final, speed, lora = s.get("final") or {}, s.get("throughput") or {}, s.get("lora")
+    return dict(run=_run_name(d), dataset=json.loads(info.read_text()).get("kind") if info.is_file() else None,
+                split=s.get("split"), method=f"LoRA r{lora['r']}" if lora else "full", precision=s.get("precision"),
+                epochs=s.get("epochs_done"), wall_s=s.get("wall_time_s"), tokens_per_s=speed.get("tokens_per_s"),
+                ceiling_ratio=speed.get("ratio"), recall_top1=final.get("recall_top1"),
+                recall_top5=final.get("recall_top5"), recall_prob=final.get("recall_prob"))
+
+def training_table(model_dirs) -> pd.DataFrame:
+    "`training_row` of each training run, rounded for reading."
+    return pd.DataFrame([training_row(d) for d in model_dirs]).round(3)
 
 # %% ../nbs/04_train.ipynb #1ffeda58
 def _parse_sets(items: list[str]) -> dict:

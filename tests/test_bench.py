@@ -27,6 +27,9 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path, capsys):
     assert res["lora"] == str(tmp_path / "adapter") and res["lora_max_abs_dprob_vs_merged"] < 1e-5
     assert math.isclose(res["lora_grafted_over_plain"], res["lora_grafted_forward_s"] / res["lora_plain_forward_s"])
     assert 0 < res["lora_added_rss_over_weights"] <= res["added_rss_over_weights"] and res["lora_adapter_mb"] > 0
+    # the peaks only grow: plain forward, then the adapter's graft, then the full donor's
+    assert 0 < res["plain_added_rss_over_weights"] <= res["lora_added_rss_over_weights"]
+    assert res["lora_extra_rss_over_weights"] <= res["donor_extra_rss_over_weights"]
     n_plans = len(plan_groups()["position"])
     assert res["position_sweep_size"].startswith(f"{n_plans} plans x 8 facts")
 

@@ -187,6 +187,8 @@ def _site_forward(site: _Site, own, point_of):
         if site.kind == "weights" else None
     def forward(*args, **kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
+        if args and not x.is_contiguous():   # e.g. the head's input, the last position sliced: with gradients on,
+            x = x.contiguous(); args = (x, *args[1:])   # matmul would multiply per example by the expanded weight
         alpha, a = point_of().at(site, x.shape[1])
         if diff is None or a is None: return _mixed(site, own, alpha, a, args, kwargs)
         if a == 0.0: y = own(*args, **kwargs)

@@ -25,6 +25,8 @@ class TrainConfig:
     learning_rate: float = 3e-4
     epochs: float = 6.0               # passes over the training texts
     max_steps: int = -1               # > 0: stop after this many optimizer steps (smoke runs, tests)
+    min_steps: int = 0                # > 0: a small dataset trains for more epochs, so that training makes at least
+                                      # this many optimizer steps (a few texts x 3 epochs is fewer steps than warm-up)
     batch_size: int = 16              # per device
     grad_accum: int = 1
     eval_batch_size: int = 32

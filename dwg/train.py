@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, os, random, shutil, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, random, shutil, sys, time, warnings
 from pathlib import Path
 import pandas as pd
 import torch, yaml
@@ -21,8 +21,8 @@ from .runs import atomic_write, publish_dir, read_jsonl, report_progress
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
            'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer', 'throughput',
-           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'training_args', 'train',
-           'trained_models', 'training_row', 'training_table', 'main']
+           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'train_epochs', 'training_args',
+           'train', 'trained_models', 'training_row', 'training_table', 'main']
 
 # %% ../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -245,11 +245,16 @@ def _device_type(device) -> str:
     if device is not None: return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
 
+def train_epochs(cfg: TrainConfig, n_texts: int) -> float:
+    "The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps."
+    per_epoch = max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum)))
+    return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch)) if cfg.min_steps > 0 else cfg.epochs
+
 def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
-                  has_eval: bool, progress: bool = True) -> TrainingArguments:
-    "The `TrainingArguments` for a resolved profile."
+                  has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
+    "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
-    kw = dict(output_dir=str(output_dir), num_train_epochs=cfg.epochs, max_steps=cfg.max_steps,
+    kw = dict(output_dir=str(output_dir), num_train_epochs=train_epochs(cfg, n_texts), max_steps=cfg.max_steps,
               learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
               per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
               weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, lr_scheduler_type=cfg.lr_scheduler,
@@ -386,7 +391,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
     run["n_recall"] = len(examples)
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
-                         has_eval=bool(data["validation"]), progress=progress)
+                         has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["train"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
                        data_collator=_collator(cfg, net, tok), processing_class=tok,

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .models import load, checkpoint_dir
 from .data import create_dataset, load_split
-from .lora import read_adapter
+from .lora import as_donor, read_adapter
 from .evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from .patch import patch
 from .plans import get_plan, plan_groups
@@ -111,8 +111,15 @@ def naive_last_logits(recipient, grafts: list[tuple], input_ids: torch.Tensor) -
 
 # %% ../nbs/07_bench.ipynb #dede5ab9
 def _rss_mb() -> float:
-    "Peak resident memory of this process so far, in MB."
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    "Peak resident memory of this process since `_reset_peak`, in MB (Linux: VmHWM; elsewhere ru_maxrss, since start)."
+    try: return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def _reset_peak():
+    """Start the peak reading afresh (Linux): ru_maxrss keeps the peak of all earlier work in the process, even of the
+    process that forked it (a test run after a SmolLM2 load read every peak below it as 0)."""
+    try: open("/proc/self/clear_refs", "w").write("5")
+    except OSError: pass
 
 def _median_times(fns: dict, repeat: int = 7) -> dict:
     """Median wall time of each function, the functions interleaved (one warm-up each) so drifting load hits all alike,
@@ -146,7 +153,7 @@ def make_standin_adapter(model: str, out_dir, r: int = 16, seed: int = 0) -> str
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(seed)
     net = get_peft_model(load(model)[0], LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
-                                                    init_lora_weights=False, base_model_name_or_path=model))
+                                                    init_lora_weights=False))
     net.peft_config["default"].base_model_name_or_path = model
     net.save_pretrained(out_dir)
     return str(out_dir)
@@ -218,7 +225,7 @@ def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: 
     "The graft from a LoRA adapter (no second model): timed against a plain forward, then the peak memory; returns its forward."
     adapter, part = read_adapter(lora), {}
     res["lora_adapter_mb"] = sum(t.numel() * t.element_size() for d in adapter.deltas.values() for t in (d.A, d.B)) / 2**20
-    _, engine = _time_forwards(part, base, dict(pretrained=base, finetuned=adapter), plan, prep, masks)
+    _, engine = _time_forwards(part, base, dict(pretrained=base, finetuned=as_donor(base, adapter)), plan, prep, masks)
     res.update({f"lora_{k}": part[k] for k in ("grafted_forward_s", "grafted_over_plain", "grafted_over_plain_unpadded")})
     res["lora_plain_forward_s"] = part["plain_forward_s"]   # the plain forward timed in this round
     res["lora_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
@@ -226,9 +233,9 @@ def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: 
     res["lora_extra_rss_over_weights"] = res["lora_added_rss_over_weights"] - res["plain_added_rss_over_weights"]
     return engine
 
-def _lora_vs_merged(res: dict, lora: str, plan, prep: dict, masks: list, engine):
+def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, engine):
     "The largest probability difference between grafting the adapter and grafting peft's merged model."
-    base, merged = load(res["model"])[0], load(lora)[0]
+    merged = load(lora)[0]   # `base` is intact: the original algorithm grafts into deep copies
     with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
@@ -246,6 +253,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     lora = None if lora == "none" else _standin("adapter", model, f"{workdir}/adapter") if lora == "standin" else lora
     res = dict(model=model, donor=donor, lora=lora, batch=batch, threads=torch.get_num_threads())
     _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
+    _reset_peak()
     rss0 = _rss_mb()
     base, tok = load(model)
     res["weights_mb"] = sum(p.numel() * p.element_size() for p in base.parameters()) / 2**20
@@ -271,7 +279,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
-    if lora: _lora_vs_merged(res, lora, plan, prep, masks, lora_engine)
+    if lora: _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
     return res
 
 _OPTION_HELP = dict(

@@ -12,8 +12,8 @@ import torch
 from tqdm.auto import tqdm
 from .data import load_split, token_positions
 from .models import load
-from .lora import Adapter, adapter_dir, read_adapter
-from .graft import graft, resolve_layers
+from .lora import adapter_dir, as_donor, read_adapter
+from .graft import architecture, graft, resolve_layers
 from .patch import patch
 from .plans import Rule, expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan
 from .runs import report_progress, write_jsonl, write_run_record
@@ -115,7 +115,7 @@ def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: 
     base, donors = _bind(plan, models)
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
-        layers = resolve_layers(rule.layers, base.config.num_hidden_layers)
+        layers = resolve_layers(rule.layers, architecture(base)["n_layers"])
         layers = kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
         if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs))
         else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
@@ -272,16 +272,18 @@ def _adapter_plans(plans: list, light: dict) -> list:
     "`plans` with each plan that runs a light adapter role alone rewritten as its base role with the adapter grafted everywhere."
     return [dataclasses.replace(p, base=light[p.base], rules=[Rule(p.base)]) if p.base in light else p for p in plans]
 
-def _load_roles(models: dict, adapters: set = frozenset()) -> tuple[dict, object]:
-    "Load each distinct model of a role -> (name | path | model) mapping once (`adapters`: roles kept as LoRA adapters); return (role -> model, tokenizer)."
-    loaded, out, tok = {}, {}, None
+def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, object]:
+    """Load each distinct model of a role -> (name | path | model) mapping once; `adapters` (role -> its base's role, from
+    `adapter_roles`): those roles become one LoRA donor view of their base each. Return (role -> model, tokenizer)."""
+    loaded, out, tok, adapters = {}, {}, None, adapters or {}
     for role, m in models.items():
+        if role in adapters: continue
         if isinstance(m, tuple): out[role], tok = m[0], tok or m[1]; continue
-        if role in adapters: out[role] = read_adapter(m); continue
         key = str(m)
         if key not in loaded: loaded[key] = load(key)
         out[role] = loaded[key][0]; tok = tok or loaded[key][1]
-    return out, tok
+    for role, home in adapters.items(): out[role] = as_donor(out[home], read_adapter(models[role]))   # built once
+    return {r: out[r] for r in models}, tok
 
 def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0) -> list[dict]:
     "Evaluation examples of a dataset directory, filtered by template names and fact split."
@@ -307,8 +309,8 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     examples = select_examples(dataset_dir, templates, split, max_examples)
     used = {r: m for r, m in models.items() if any(r in p.roles for p in nominal)}
     light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
-    bound, tok = _load_roles(used, set(light))
-    depth = next(m for m in bound.values() if not isinstance(m, Adapter)).config.num_hidden_layers
+    bound, tok = _load_roles(used, light)
+    depth = next(iter(bound.values())).config.num_hidden_layers
     plans = _adapter_plans([get_plan(p) for p in expand_plans(plans, depth)], light)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"

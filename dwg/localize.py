@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from .data import FIELDS
-from .graft import GLOBAL_COMPONENTS, check_compatible, graftable, resolve_components, resolve_layers
+from .graft import GLOBAL_COMPONENTS, architecture, check_compatible, graftable, resolve_components, resolve_layers
 from .plans import GraftPlan, Rule
 from .evaluate import batches, evaluate_plans, prepare
 
@@ -83,7 +83,7 @@ class Grid:
     "The cells of a localisation: position roles x layers x components, and the recipient modules each covers."
     def __init__(self, model, roles=DEFAULT_ROLES, layers="all", components=DEFAULT_COMPONENTS):
         self.roles = check_roles(roles)
-        self.layers = resolve_layers(layers, model.config.num_hidden_layers)
+        self.layers = resolve_layers(layers, architecture(model)["n_layers"])
         self.components = _component_cells(model, components)
         _check_modules(model, self.components)
         self.cells = [Cell(r, None if self.is_global(c) else l, c) for r in self.roles for c in self.components

@@ -204,6 +204,9 @@ class DonorView:
         self.recipient, self.adapter, self.config = recipient, adapter, recipient.config
         self.modules = {p: _adapted_module(recipient, p, d, adapter) for p, d in adapter.deltas.items()}
 
+    @property
+    def device(self): return self.recipient.device
+
     def get_submodule(self, path: str):
         "The donor's module at `path`: adapted, or the recipient's own."
         return self.modules.get(path) or self.recipient.get_submodule(path)

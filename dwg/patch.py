@@ -116,7 +116,7 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
     on the same batch) or recorded now for all layers of the sites missing; and a copy of its KV cache."""
     run = runs.setdefault((id(donor), _inputs_key(args, kwargs)), dict(acts={}, sites=set(), cache=None))
     if missing := sites - run["sites"]:
-        n = donor.config.num_hidden_layers
+        n = architecture(donor)["n_layers"]
         acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
         run["acts"].update(acts)
         run["sites"] |= missing
@@ -175,7 +175,7 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dic
                          "the merged model, dwg.models.load(adapter_dir)[0] (grafting takes the adapter itself).")
     check_compatible(recipient, donor)
     mask = _as_mask(mask)
-    idx = resolve_layers(layers, recipient.config.num_hidden_layers)
+    idx = resolve_layers(layers, architecture(recipient)["n_layers"])
     keys = [(s, i) for s in resolve_sites(recipient, sites) for i in idx]
     state = {}
     handles = [recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True),

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 import torch
 from torch import nn
-from torch.func import functional_call
 from .data import FIELDS
 from .graft import GLOBAL_COMPONENTS, architecture, check_compatible, graftable, resolve_components, resolve_layers
 from .plans import GraftPlan, Rule
@@ -19,7 +18,7 @@ from .evaluate import batches, evaluate_plans, prepare
 # %% auto #0
 __all__ = ['SPECIAL_ROLES', 'DEFAULT_ROLES', 'DEFAULT_COMPONENTS', 'METHODS', 'Cell', 'check_roles', 'Grid', 'role_index',
            'check_examples', 'Attribution', 'attribute', 'at_point', 'gradient_at', 'role_spec', 'cells_plan',
-           'check_full_coverage', 'Exact', 'search', 'scan', 'benchmark']
+           'check_full_coverage', 'Exact', 'search', 'scan']
 
 # %% ../nbs/03a_localize.ipynb #c005
 SPECIAL_ROLES = ("last_token", "other")   # the prompt's final token; every real token no other role claims
@@ -129,6 +128,26 @@ class _Site:
     donor: nn.Module
     kind: str
     cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
+    diff: dict | None = None   # 'weights' sites: donor minus recipient parameters, by name (worked out once per run)
+    moved: dict | None = None  # 'weights' sites: buffers for the parameters between the two, reused point after point
+
+    def linear(self, params: dict) -> tuple:
+        "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
+        w = params["weight"]
+        return w if isinstance(self.recipient, nn.Linear) else w.t(), params.get("bias")
+
+    def at(self, a: float) -> tuple:
+        "The site's (weight, bias) at `a`: the recipient's, the donor's, or between them (in buffers reused point to point)."
+        if a in (0.0, 1.0): return self.linear(dict((self.donor if a else self.recipient).named_parameters(recurse=False)))
+        rec = dict(self.recipient.named_parameters(recurse=False))
+        self.moved = self.moved or {n: torch.empty_like(p) for n, p in rec.items()}
+        for n, p in rec.items(): torch.add(p, self.diff[n], alpha=a, out=self.moved[n])
+        return self.linear(self.moved)
+
+def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
+    "The donor module's own parameters minus the recipient's, by name."
+    rec = dict(recipient.named_parameters(recurse=False))
+    with torch.no_grad(): return {n: p - rec[n] for n, p in donor.named_parameters(recurse=False)}
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
     "Every module the grid's cells cover, with its cell per role."
@@ -140,7 +159,8 @@ def _sites(grid: Grid, recipient, donor) -> list[_Site]:
                 path = have[n][0 if layer is None else layer]
                 r, d = _module(recipient, n, path), _module(donor, n, path)
                 kind = "outputs" if n == "lm_head" else _kind(r)   # the head sees few rows: no weight difference
-                if id(r) not in seen: seen.add(id(r)); out.append(_Site(r, d, kind, cells))  # fused: once
+                if id(r) in seen: continue   # a fused module: once
+                seen.add(id(r)); out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind == "weights" else None))
     return out
 
 # %% ../nbs/03a_localize.ipynb #c011
@@ -154,62 +174,102 @@ class _Point:
         self.alpha = torch.cat([self.leaf, self.leaf.new_zeros(b, 1)], 1)
         self.roles, self.live, self.cache = roles, live, {}
 
-    def at(self, site: _Site, t: int) -> tuple[torch.Tensor, float | None]:
-        "The (batch, t) alpha of the last `t` positions at `site`, and the value it has everywhere live (None: mixed)."
+    def at(self, site: _Site, t: int) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
+        """The (batch, t) alpha of the last `t` positions at `site`, the value it has everywhere live (None: mixed),
+        and the flat indices of the live positions (None: all are)."""
         key = (id(site.cells), t)   # the modules of one (layer, component) share their cells: worked out once
         if key not in self.cache:
-            idx = site.cells.to(self.roles.device)[self.roles[:, -t:]]
+            idx, live = site.cells.to(self.roles.device)[self.roles[:, -t:]], self.live[:, -t:]
             vals = self.values[site.cells[:-1]].unique()
-            covered = bool((idx != len(self.values))[self.live[:, -t:]].all())
+            covered = bool((idx != len(self.values))[live].all())
             uniform = float(vals[0]) if len(vals) == 1 and (covered or float(vals[0]) == 0.0) else None
-            self.cache[key] = (self.alpha.gather(1, idx), uniform)
+            rows = None if bool(live.all()) else live.reshape(-1).nonzero()[:, 0]
+            self.cache[key] = (self.alpha.gather(1, idx), uniform, rows)
         return self.cache[key]
 
-def _linear(module, params: dict, x: torch.Tensor) -> torch.Tensor:
-    "`module` (a Linear or Conv1D; never a patched recipient module) applied to `x` with `params` as its weights."
-    if isinstance(module, nn.Linear): return nn.functional.linear(x, params["weight"], params.get("bias"))
-    return functional_call(module, params, (x,))
+def _scattered(values: torch.Tensor, rows: torch.Tensor | None, n: int) -> torch.Tensor:
+    "`values` for `rows` of an n-row result, zeros elsewhere (`values` itself when every row is there)."
+    return values if rows is None else values.new_zeros((n, *values.shape[1:])).index_copy_(0, rows, values)
 
-def _mixed(site: _Site, own, alpha, a, args, kwargs) -> torch.Tensor:
-    "The recipient's output moved `alpha` towards the donor's (`a`: the value of every live alpha, None if mixed)."
-    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0): y_r = own(*args, **kwargs)
-    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0): y_d = site.donor(*args, **kwargs)
-    if a == 0.0: return y_r + alpha[..., None].to(y_r.dtype) * (y_d - y_r.detach())   # exact: every live alpha is 0
-    if a == 1.0: return y_d + (alpha - 1)[..., None].to(y_d.dtype) * (y_d.detach() - y_r)
+class _TiltLinear(torch.autograd.Function):
+    """A Linear at a point where every live alpha is the same: `x @ w.T + b`; backward, the input gradient and each
+    position's alpha gradient, its output gradient dotted with its move to the donor `x @ dw.T + db`, taken from
+    the gradient side (`g @ dw`). Backward skips padding (`rows`: the live positions, None for all): no gradient
+    reaches it (masked out of attention), so it contributes exactly nothing."""
+    @staticmethod
+    def forward(ctx, x, alpha, rows, w, b, dw, db):
+        ctx.save_for_backward(x, rows, w, dw, db); ctx.alpha_dtype = alpha.dtype
+        return nn.functional.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rows, w, dw, db = ctx.saved_tensors
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        n = len(g2)
+        if rows is not None: g2, x2 = g2[rows], x2[rows]
+        gx = _scattered(g2 @ w, rows, n).view(x.shape) if ctx.needs_input_grad[0] else None
+        if not ctx.needs_input_grad[1]: return gx, None, None, None, None, None, None
+        ga = ((g2 @ dw) * x2).sum(-1) + (g2 @ db if db is not None else 0)
+        return gx, _scattered(ga, rows, n).view(x.shape[:-1]).to(ctx.alpha_dtype), None, None, None, None, None
+
+class _Tilt(torch.autograd.Function):
+    """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
+    gradient dotted with `delta`, the donor's output minus the recipient's there."""
+    @staticmethod
+    def forward(ctx, y, alpha, delta):
+        ctx.save_for_backward(delta); ctx.alpha_dtype = alpha.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        ga = (g * ctx.saved_tensors[0]).sum(-1).to(ctx.alpha_dtype) if ctx.needs_input_grad[1] else None
+        return g, ga, None
+
+def _mixed(site: _Site, own, alpha, args, kwargs) -> torch.Tensor:
+    "The recipient's output moved `alpha` (batch, t) towards the donor's, both modules run with gradients: any values."
+    y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
     return y_r + alpha[..., None].to(y_r.dtype) * (y_d - y_r)
 
+def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
+    """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
+    (exact: its output is linear in its weights); any other module runs twice and its outputs are mixed."""
+    if site.diff is not None: return _TiltLinear.apply(x, alpha, rows, *site.at(a), *site.linear(site.diff))
+    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0): y_r = own(*args, **kwargs)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0): y_d = site.donor(*args, **kwargs)
+    with torch.no_grad(): delta = y_d - y_r
+    return _Tilt.apply(y_r if a == 0.0 else y_d if a == 1.0 else torch.lerp(y_r, y_d, a), alpha, delta)
+
 def _site_forward(site: _Site, own, point_of):
-    """A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position.
-    A Linear at a point where every live position has the same value `a` runs once, with the weights moved `a` of the
-    way (the gradient path), plus once with the weight difference (no gradient): exact for a weight-linear module."""
-    rec = dict(site.recipient.named_parameters(recurse=False))
-    diff = {n: (p_d - rec[n]).detach() for n, p_d in site.donor.named_parameters(recurse=False)} \
-        if site.kind == "weights" else None
+    "A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position."
     def forward(*args, **kwargs):
         x = args[0] if args else next(iter(kwargs.values()))
         if args and not x.is_contiguous():   # e.g. the head's input, the last position sliced: with gradients on,
             x = x.contiguous(); args = (x, *args[1:])   # matmul would multiply per example by the expanded weight
-        alpha, a = point_of().at(site, x.shape[1])
-        if diff is None or a is None: return _mixed(site, own, alpha, a, args, kwargs)
-        if a == 0.0: y = own(*args, **kwargs)
-        elif a == 1.0: y = site.donor(*args, **kwargs)
-        else: y = _linear(site.donor, {n: p + a * diff[n] for n, p in rec.items()}, x)
-        with torch.no_grad(): delta = _linear(site.donor, diff, x)
-        return torch.addcmul(y, (alpha - a)[..., None].to(y.dtype), delta)
+        alpha, a, rows = point_of().at(site, x.shape[1])
+        return _mixed(site, own, alpha, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
     return forward
+
+@contextmanager
+def _frozen(models: list):
+    "Within: no parameter of `models` asks for a gradient (each as it was after)."
+    saved = [(p, p.requires_grad) for m in models for p in m.parameters()]
+    for p, _ in saved: p.requires_grad_(False)
+    try: yield
+    finally:
+        for p, g in saved: p.requires_grad_(g)
 
 @contextmanager
 def _interpolated(sites: list[_Site], models: list):
     "Within: every site's module follows the current `_Point` (set with the yielded setter); weights need no gradient."
-    state, saved = {}, [(p, p.requires_grad) for m in models for p in m.parameters()]
-    for p, _ in saved: p.requires_grad_(False)
+    state = {}
     for s in sites:
         if "forward" in s.recipient.__dict__: raise RuntimeError(f"Module {type(s.recipient).__name__} is already patched.")
-        s.recipient.forward = _site_forward(s, s.recipient.forward, lambda: state["point"])
-    try: yield lambda point: state.__setitem__("point", point)
-    finally:
-        for s in sites: s.recipient.__dict__.pop("forward", None)
-        for p, g in saved: p.requires_grad_(g)
+    with _frozen(models):
+        for s in sites: s.recipient.forward = _site_forward(s, s.recipient.forward, lambda: state["point"])
+        try: yield lambda point: state.__setitem__("point", point)
+        finally:
+            for s in sites: s.recipient.__dict__.pop("forward", None)
+
 
 # %% ../nbs/03a_localize.ipynb #c012
 def role_index(prep: dict, roles: list[str]) -> torch.Tensor:
@@ -451,50 +511,3 @@ def scan(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_si
                               component=c.component, sufficiency=float((alone[f"+{c.name}"] - ends["none"]).mean()),
                               necessity=float((ends["all"] - without[f"-{c.name}"]).mean())) for c in every]), \
            dict(none=ends["none"], all=ends["all"], evaluations=ex.evaluations, batches=ex.batches)
-
-# %% ../nbs/03a_localize.ipynb #c032
-def benchmark(recipient, donor, tokenizer, examples: list[dict], grid: Grid | None = None, steps: int = 8,
-              repeat: int = 5, **grid_kw) -> dict:
-    "Seconds of a plain forward and of attribution at 0, at 1 and by IG with `steps` points on one batch, and the ratios."
-    grid = grid or Grid(recipient, **grid_kw)
-    check_compatible(recipient, donor); check_examples(grid, examples)
-    prep = prepare(tokenizer, examples, recipient.device)
-    roles, n, sites = role_index(prep, grid.roles), len(grid), _sites(grid, recipient, donor)
-    def plain():
-        with torch.no_grad(): recipient(**prep["batch"], logits_to_keep=1, use_cache=False)
-    def points(values):
-        with _interpolated(sites, [recipient, donor]) as sp:
-            for v in values: _at_point(recipient, prep, roles, sp, torch.full((n,), v), True)
-    fns = dict(plain=plain, a0=lambda: points([0.0]), a1=lambda: points([1.0]),
-               ig=lambda: points([(k + 0.5) / steps for k in range(steps)]))
-    times = {k: [] for k in fns}
-    for _ in range(repeat + 1):   # the first round warms up
-        for k, fn in fns.items():
-            t = time.perf_counter(); fn(); times[k].append(time.perf_counter() - t)
-    med = {k: sorted(v[1:])[len(v[1:]) // 2] for k, v in times.items()}
-    return dict(batch=len(examples), width=prep["batch"]["input_ids"].shape[1], cells=n, steps=steps, repeat=repeat,
-                seconds=med, a0_over_plain=med["a0"] / med["plain"], a1_over_plain=med["a1"] / med["plain"],
-                ig_over_plain=med["ig"] / med["plain"], ig_over_steps_plain=med["ig"] / (steps * med["plain"]))
-
-# %% ../nbs/03a_localize.ipynb #c034
-def _bench_cli(argv=None) -> dict:
-    "`python -m dwg.localize`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint."
-    import argparse, json
-    from dwg.models import load
-    from dwg.data import create_dataset, load_split
-    ap = argparse.ArgumentParser(description=_bench_cli.__doc__)
-    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", required=True)
-    ap.add_argument("--batch", type=int, default=32); ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=5); ap.add_argument("--workdir", default=None)
-    a = ap.parse_args(argv)
-    import tempfile
-    ds = create_dataset("fake_movies_fake_actors", n_facts=a.batch, seed=0, out_dir=(a.workdir or tempfile.mkdtemp()) + "/ds",
-                        overwrite=True)
-    exs = [e for e in load_split(ds, "eval") if e["template"] == "stars_alongside"][:a.batch]
-    (rec, tok), (don, _) = load(a.model), load(a.donor)
-    res = benchmark(rec, don, tok, exs, steps=a.steps, repeat=a.repeat, roles=("first_actor", "last_token", "other"))
-    res.update(model=a.model, donor=a.donor, threads=torch.get_num_threads())
-    print(json.dumps(res, indent=1))
-    return res
-
-if __name__ == "__main__" and "__file__" in globals(): _bench_cli()

@@ -11,7 +11,8 @@ import pandas as pd
 from .plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
-__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
+__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results',
+           'perturbed']
 
 # %% ../nbs/09_testing.ipynb #0d6b44d0
 STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -189,3 +190,13 @@ def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "co
     comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,
                              seed=seed + 1)
     return pd.concat([pos, comp], ignore_index=True)
+
+# %% ../nbs/09_testing.ipynb #t0a2
+def perturbed(model, scale: float = 0.5, seed: int = 1):
+    "A stand-in donor: a copy of `model` with random changes to every weight (`scale` times its spread)."
+    import copy, torch
+    d, g = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    return d
+

@@ -113,11 +113,18 @@ def _module(model, name: str, path: str | None):
     if name == "lm_head": return model.get_output_embeddings()
     return model.get_submodule(path)
 
-def _kind(module) -> str:
+def _kind(module, out_axis) -> str:
     """'weights': a Linear or Conv1D, whose output is linear in its weights: interpolated by interpolating the weights,
-    its difference computed with the weight difference; 'outputs': anything else (embeddings, norms, the head, ...):
-    interpolated by mixing the two modules' outputs."""
+    its difference computed with the weight difference; 'params': a module with several outputs, not all of them
+    numbers to mix (a router: scores and its top-k choice): interpolated through its parameters; 'outputs': anything
+    else (embeddings, norms, experts, the head, ...): interpolated by mixing the two modules' outputs."""
+    if isinstance(out_axis, tuple): return "params"
     return "weights" if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" else "outputs"
+
+def _axes(arch: dict, name: str) -> tuple:
+    "The (input, output) position axes of component `name`'s module: 1 for (batch, seq, ...), 0 for tokens flattened."
+    rel = arch["layer"].get(name, name)
+    return arch["axes"].get(rel[0] if isinstance(rel, tuple) else rel, (1, 1))
 
 @dataclass
 class _Site:
@@ -128,6 +135,7 @@ class _Site:
     cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
     diff: dict | None = None   # 'weights' sites: donor minus recipient parameters, by name (worked out once per run)
     moved: dict | None = None  # 'weights' sites: buffers for the parameters between the two, reused point after point
+    axis: int = 1              # the input's position axis: 1 for (batch, seq, ...), 0 for tokens flattened (MoE blocks)
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
@@ -149,16 +157,18 @@ def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
     "Every module the grid's cells cover, with its cell per role."
-    have, out, seen, zero = graftable(recipient), [], set(), len(grid)
+    have, arch, out, seen, zero = graftable(recipient), architecture(recipient), [], set(), len(grid)
     for comp, names in grid.components.items():
         for layer in ([None] if grid.is_global(comp) else grid.layers):
             cells = torch.tensor([grid.index[Cell(r, layer, comp)] for r in grid.roles] + [zero])
             for n in names:
                 path = have[n][0 if layer is None else layer]
                 r, d = _module(recipient, n, path), _module(donor, n, path)
-                kind = "outputs" if n == "lm_head" else _kind(r)   # the head sees few rows: no weight difference
+                axes = _axes(arch, n)
+                kind = "outputs" if n == "lm_head" else _kind(r, axes[1])   # the head sees few rows: no weight difference
                 if id(r) in seen: continue   # a fused module: once
-                seen.add(id(r)); out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind == "weights" else None))
+                seen.add(id(r))
+                out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind != "outputs" else None, axis=axes[0]))
     return out
 
 # %% ../nbs/03a_interpolate.ipynb #c011
@@ -172,17 +182,19 @@ class _Point:
         self.alpha = torch.cat([self.leaf, self.leaf.new_zeros(b, 1)], 1)
         self.roles, self.live, self.cache = roles, live, {}
 
-    def at(self, site: _Site, t: int) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
-        """The (batch, t) alpha of the last `t` positions at `site`, the value it has everywhere live (None: mixed),
-        and the flat indices of the live positions (None: all are)."""
-        key = (id(site.cells), t)   # the modules of one (layer, component) share their cells: worked out once
+    def at(self, site: _Site, x: torch.Tensor) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
+        """The alpha of each position of `site`'s input `x` ((batch, t) for the last t positions, or flat), the value it
+        has everywhere live (None: mixed), and the flat indices of the live positions (None: all are)."""
+        t = x.shape[1] if site.axis == 1 else x.shape[0] // len(self.roles)
+        key = (id(site.cells), t, site.axis)   # the modules of one (layer, component) share their cells: worked out once
         if key not in self.cache:
             idx, live = site.cells.to(self.roles.device)[self.roles[:, -t:]], self.live[:, -t:]
             vals = self.values[site.cells[:-1]].unique()
             covered = bool((idx != len(self.values))[live].all())
             uniform = float(vals[0]) if len(vals) == 1 and (covered or float(vals[0]) == 0.0) else None
             rows = None if bool(live.all()) else live.reshape(-1).nonzero()[:, 0]
-            self.cache[key] = (self.alpha.gather(1, idx), uniform, rows)
+            alpha = self.alpha.gather(1, idx)
+            self.cache[key] = (alpha if site.axis == 1 else alpha.reshape(-1), uniform, rows)
         return self.cache[key]
 
 def _scattered(values: torch.Tensor, rows: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -212,30 +224,52 @@ class _TiltLinear(torch.autograd.Function):
 
 class _Tilt(torch.autograd.Function):
     """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
-    gradient dotted with `delta`, the donor's output minus the recipient's there."""
+    gradient dotted with `delta`, the donor's output minus the recipient's there (over every dimension past alpha's:
+    features, or heads and features)."""
     @staticmethod
     def forward(ctx, y, alpha, delta):
-        ctx.save_for_backward(delta); ctx.alpha_dtype = alpha.dtype
+        ctx.save_for_backward(delta); ctx.alpha_dtype, ctx.alpha_dim = alpha.dtype, alpha.dim()
         return y
 
     @staticmethod
     def backward(ctx, g):
-        ga = (g * ctx.saved_tensors[0]).sum(-1).to(ctx.alpha_dtype) if ctx.needs_input_grad[1] else None
-        return g, ga, None
+        if not ctx.needs_input_grad[1]: return g, None, None
+        return g, (g * ctx.saved_tensors[0]).flatten(ctx.alpha_dim).sum(-1).to(ctx.alpha_dtype), None
 
 def _mixed(site: _Site, own, alpha, args, kwargs) -> torch.Tensor:
-    "The recipient's output moved `alpha` (batch, t) towards the donor's, both modules run with gradients: any values."
+    "The recipient's output moved `alpha` (one per position) towards the donor's, both modules with gradients: any values."
     y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
-    return y_r + alpha[..., None].to(y_r.dtype) * (y_d - y_r)
+    return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * (y_d - y_r)
 
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
     """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
     (exact: its output is linear in its weights); any other module runs twice and its outputs are mixed."""
-    if site.diff is not None: return _TiltLinear.apply(x, alpha, rows, *site.at(a), *site.linear(site.diff))
+    if site.kind == "weights": return _TiltLinear.apply(x, alpha, rows, *site.at(a), *site.linear(site.diff))
     with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0): y_r = own(*args, **kwargs)
     with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0): y_d = site.donor(*args, **kwargs)
     with torch.no_grad(): delta = y_d - y_r
     return _Tilt.apply(y_r if a == 0.0 else y_d if a == 1.0 else torch.lerp(y_r, y_d, a), alpha, delta)
+
+def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
+    """A module whose outputs are not all numbers to mix (a router: scores and a top-k choice) with its parameters
+    moved each position's alpha of the way (rows grouped by value); its floating outputs tilt along their derivative
+    in that direction (forward-mode), so alpha's gradient is exact and the choice follows the moved parameters."""
+    rec = dict(site.recipient.named_parameters(recurse=False))
+    def run(v, xs):
+        moved = {k: p + v * site.diff[k] for k, p in rec.items()}
+        return jvp(lambda params: functional_call(site.donor, params, (xs,)), (moved,), (site.diff,))
+    if a is not None: y, tan = run(a, x)
+    else:
+        if x.dim() != 2: raise NotImplementedError(f"{type(site.recipient).__name__}: positions at different values "
+                                                   "need its input as (tokens, features).")
+        y = tan = None
+        for v in alpha.detach().unique().tolist():
+            sel = (alpha.detach() == v).nonzero()[:, 0]
+            yv, tv = run(v, x[sel])
+            put = lambda acc, new: tuple(o.index_copy(0, sel, w) for o, w in
+                                         zip(acc or [w.new_zeros((len(x), *w.shape[1:])) for w in new], new))
+            y, tan = put(y, yv), put(tan, tv)
+    return tuple(_Tilt.apply(o, alpha, d.detach()) if o.is_floating_point() else o for o, d in zip(y, tan))
 
 def _site_forward(site: _Site, own, point_of):
     "A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position."
@@ -243,7 +277,8 @@ def _site_forward(site: _Site, own, point_of):
         x = args[0] if args else next(iter(kwargs.values()))
         if args and not x.is_contiguous():   # e.g. the head's input, the last position sliced: with gradients on,
             x = x.contiguous(); args = (x, *args[1:])   # matmul would multiply per example by the expanded weight
-        alpha, a, rows = point_of().at(site, x.shape[1])
+        alpha, a, rows = point_of().at(site, x)
+        if site.kind == "params": return _through_params(site, alpha, a, x)
         return _mixed(site, own, alpha, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
     return forward
 

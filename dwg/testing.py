@@ -12,7 +12,7 @@ from .plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results',
-           'perturbed']
+           'perturbed', 'tiny_family']
 
 # %% ../nbs/09_testing.ipynb #0d6b44d0
 STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -199,4 +199,15 @@ def perturbed(model, scale: float = 0.5, seed: int = 1):
     with torch.no_grad():
         for p in d.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
     return d
+
+
+# %% ../nbs/09_testing.ipynb #t0a4
+def tiny_family(model_type: str, vocab_size: int, seed: int = 0):
+    "A tiny random model of any causal-LM family (dwg.coverage's sizes) with `vocab_size` tokens: runs on real prompts."
+    import torch
+    from transformers import AutoModelForCausalLM
+    from dwg.coverage import tiny_config
+    config = tiny_config(model_type); config.vocab_size = vocab_size
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
 

@@ -39,3 +39,19 @@ def test_localize_notebook_takes_the_section():
     "The real experiment notebook has a parameter for every key of the section (papermill would ignore others)."
     runs = sw.expand("localize")
     sw.check_notebooks(runs, sw.default_notebooks_dir())
+
+
+def test_localize_notebook_runs(tmp_path):
+    "The experiment notebook end to end on its tiny defaults (random stand-in donor): every output, a plan that loads."
+    import json, papermill as pm
+    from dwg.plans import get_plan
+    nb = sw.default_notebooks_dir() / "localize.ipynb"
+    out = tmp_path / "run"
+    pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), kernel_name="python3",
+                        parameters=dict(out_dir=str(out), bench_repeat=1), progress_bar=False)
+    res = json.loads((out / "localize.json").read_text())
+    assert set(res["cost"]["over_plain"]) == {"a0", "a1", "ig_step", "model_gradient"}
+    s = res["search"]
+    assert s["size"] == len(s["cells"]) > 0 and (s["recovery"] >= s["target"]) == s["reached"]
+    assert get_plan(str(out / "localized.yaml")).rules
+    assert (out / "localize_search.png").stat().st_size > 0

@@ -147,7 +147,8 @@ class _Site:
         if a in (0.0, 1.0): return self.linear(dict((self.donor if a else self.recipient).named_parameters(recurse=False)))
         rec = dict(self.recipient.named_parameters(recurse=False))
         self.moved = self.moved or {n: torch.empty_like(p) for n, p in rec.items()}
-        for n, p in rec.items(): torch.add(p, self.diff[n], alpha=a, out=self.moved[n])
+        with torch.no_grad():
+            for n, p in rec.items(): torch.add(p, self.diff[n], alpha=a, out=self.moved[n])
         return self.linear(self.moved)
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:

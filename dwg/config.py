@@ -138,11 +138,14 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     if "lora" in vals: vals["lora"] = _check_lora(vals["lora"], source)
     cfg = TrainConfig(**vals)
     positive = ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps",
-                "save_total_limit")
+                "save_total_limit", "pack_width")
     for k in positive:
         if getattr(cfg, k) <= 0:
             raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
     if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
+    if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
+        raise ValueError(f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "
+                         "base weight stays frozen anyway; drop the freeze setting(s) or the lora section.")
     return cfg
 
 # %% ../nbs/04a_config.ipynb #bb25d021

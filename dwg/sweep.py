@@ -255,6 +255,7 @@ def _check_sections(s: dict, problems: list):
     kd = (s["figures"] or {}).get("k_by_dataset") or {}
     if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
         problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}.")
+    if kd and not s["figures"].get("per_dataset"): problems.append("figures.k_by_dataset needs per_dataset: true.")
     if s["slurm"]:
         stages = s["slurm"]["stages"] or {}
         problems += _problems_keys(stages, STAGE_ORDER, "slurm.stages")

@@ -58,6 +58,8 @@ def test_breadth_graph_shape():
     assert "per_dataset" not in figs["breadth"].params   # sweep options, not notebook parameters
     d = raw("breadth"); d["figures"]["k_by_dataset"] = {"nope": 50}
     with pytest.raises(sw.SweepError, match="figures.k_by_dataset must map dataset names"): sw.load_sweep(d)
+    d = raw("breadth"); d["figures"]["per_dataset"] = False   # k per dataset without per-dataset figures: said, not ignored
+    with pytest.raises(sw.SweepError, match="k_by_dataset needs per_dataset"): sw.load_sweep(d)
 
 
 def test_ids_change_with_config_and_only_downstream():

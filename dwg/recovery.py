@@ -35,8 +35,10 @@ def _recovery(v: np.ndarray) -> np.ndarray:
 def _plan_recovery(facts: pd.DataFrame, probs: pd.Series, plan: str, base: str, full: str, n_boot: int, seed: int,
                    level: float) -> dict:
     """One plan's recovery, its bootstrap interval over the facts that have all three log-probabilities, its inputs,
-    and its mean target probability over facts (`probs`: per fact)."""
-    v, prob = facts[[plan, base, full]].dropna().to_numpy(), float(probs.mean()) if probs.notna().any() else np.nan
+    and its mean target probability (`probs`: per fact) over the same facts (over all if none has the three)."""
+    kept = facts[[plan, base, full]].dropna()
+    v, same = kept.to_numpy(), probs.reindex(kept.index) if len(kept) else probs
+    prob = float(same.mean()) if same.notna().any() else np.nan
     if not len(v): return dict(plan=plan, recovery=np.nan, lo=np.nan, hi=np.nan, n_facts=0, prob=prob)
     idx = np.random.default_rng(seed).integers(0, len(v), size=(n_boot, len(v)))
     boots = _recovery(v[idx]) if n_boot > 0 and len(v) > 1 else np.full(1, _recovery(v))

@@ -11,6 +11,7 @@ from torch import nn
 from torch.func import functional_call, jvp
 from .data import FIELDS
 from .graft import GLOBAL_COMPONENTS, architecture, check_compatible, graftable, resolve_components, resolve_layers
+from .lora import DonorView, LoraModule, as_donor
 from .evaluate import batches, prepare
 
 
@@ -144,17 +145,25 @@ class _Site:
 
     def at(self, a: float) -> tuple:
         "The site's (weight, bias) at `a`: the recipient's, the donor's, or between them (in buffers reused point to point)."
-        if a in (0.0, 1.0): return self.linear(dict((self.donor if a else self.recipient).named_parameters(recurse=False)))
         rec = dict(self.recipient.named_parameters(recurse=False))
-        self.moved = self.moved or {n: torch.empty_like(p) for n, p in rec.items()}
-        with torch.no_grad():
-            for n, p in rec.items(): torch.add(p, self.diff[n], alpha=a, out=self.moved[n])
-        return self.linear(self.moved)
+        if a == 0.0: return self.linear(rec)
+        if a == 1.0 and not isinstance(self.donor, LoraModule):
+            return self.linear(dict(self.donor.named_parameters(recurse=False)))
+        self.moved = self.moved or {n: torch.empty_like(d) for n, d in self.diff.items()}
+        with torch.no_grad():   # an adapter may add a bias the recipient has not, or leave the recipient's as it is
+            for n, d in self.diff.items():
+                if n in rec: torch.add(rec[n], d, alpha=a, out=self.moved[n])
+                else: torch.mul(d, a, out=self.moved[n])
+        return self.linear({**rec, **self.moved})
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
-    "The donor module's own parameters minus the recipient's, by name."
+    "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
     rec = dict(recipient.named_parameters(recurse=False))
-    with torch.no_grad(): return {n: p - rec[n] for n, p in donor.named_parameters(recurse=False)}
+    with torch.no_grad():
+        if not isinstance(donor, LoraModule): return {n: p - rec[n] for n, p in donor.named_parameters(recurse=False)}
+        w = donor.scale * (donor.B @ donor.A)   # (out, in)
+        diff = dict(weight=(w if isinstance(recipient, nn.Linear) else w.t().contiguous()).to(rec["weight"].dtype))
+        return diff | ({} if donor.bias is None else dict(bias=(donor.scale * donor.bias).to(rec["weight"].dtype)))
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
     "Every module the grid's cells cover, with its cell per role."
@@ -165,8 +174,12 @@ def _sites(grid: Grid, recipient, donor) -> list[_Site]:
             for n in names:
                 path = have[n][0 if layer is None else layer]
                 r, d = _module(recipient, n, path), _module(donor, n, path)
+                if d is r: continue   # a LoRA adapter leaves this module as it is: nothing to graft, its cells score 0
                 axes = _axes(arch, n)
                 kind = "outputs" if n == "lm_head" else _kind(r, axes[1])   # the head sees few rows: no weight difference
+                if isinstance(d, LoraModule) and kind != "weights":
+                    raise ValueError(f"The LoRA adapter changes '{path or n}', which localisation takes as a whole module "
+                                     "output; merge the adapter (peft's merge_and_unload) and localise the merged model.")
                 if id(r) in seen: continue   # a fused module: once
                 seen.add(id(r))
                 out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind != "outputs" else None, axis=axes[0]))
@@ -238,9 +251,12 @@ class _Tilt(torch.autograd.Function):
         return g, (g * ctx.saved_tensors[0]).flatten(ctx.alpha_dim).sum(-1).to(ctx.alpha_dtype), None
 
 def _mixed(site: _Site, own, alpha, args, kwargs) -> torch.Tensor:
-    "The recipient's output moved `alpha` (one per position) towards the donor's, both modules with gradients: any values."
-    y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
-    return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * (y_d - y_r)
+    """The recipient's output moved `alpha` (one per position) towards the donor's, with gradients: any values (a
+    Linear's move is its input times the weight difference)."""
+    y_r = own(*args, **kwargs)
+    weights = site.kind == "weights"
+    delta = nn.functional.linear(args[0], *site.linear(site.diff)) if weights else site.donor(*args, **kwargs) - y_r
+    return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * delta
 
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
     """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
@@ -344,10 +360,12 @@ def _at_point(recipient, prep: dict, roles: torch.Tensor, set_point, values: tor
 # %% ../nbs/03a_interpolate.ipynb #i003
 def _each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int, fn) -> list:
     "`fn(prep, roles, set_point)` for every batch of `examples`, inside the grid's interpolation."
+    donor = as_donor(recipient, donor)   # a LoRA adapter (directory, PeftModel): a view of the recipient
     check_compatible(recipient, donor)
     check_examples(grid, examples)
     out = []
-    with _interpolated(_sites(grid, recipient, donor), [recipient, donor]) as set_point:
+    models = [m for m in (recipient, donor) if not isinstance(m, DonorView)]   # a view has no weights of its own
+    with _interpolated(_sites(grid, recipient, donor), models) as set_point:
         for chunk in batches(examples, batch_size):
             prep = prepare(tokenizer, chunk, recipient.device)
             out.append(fn(prep, role_index(prep, grid.roles), set_point))

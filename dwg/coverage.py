@@ -44,15 +44,16 @@ def causal_lm_types() -> list[str]:
     "Every causal-LM model type of the installed transformers."
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
-def tiny_config(model_type: str):
-    "A config of `model_type` with the tiny sizes."
+def tiny_config(model_type: str, **overrides):
+    "A config of `model_type` with the tiny sizes (and `overrides`, e.g. a tokenizer's `vocab_size`)."
     window = {"sliding_window": TINY_WINDOW} if hasattr(AutoConfig.for_model(model_type), "sliding_window") else {}
-    return AutoConfig.for_model(model_type, **{**TINY_SIZES, **window, **TINY_OVERRIDES.get(model_type, {})})
+    return AutoConfig.for_model(model_type, **{**TINY_SIZES, **window, **TINY_OVERRIDES.get(model_type, {}), **overrides})
 
-def tiny_random(model_type: str, seed: int = 0):
-    "A tiny random model of `model_type` in eval mode, or a clear error if its config does not take the tiny sizes."
-    cfg = tiny_config(model_type)
-    with torch.device("meta"): n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+def tiny_random(model_type: str, seed: int = 0, **overrides):
+    """A tiny random model of `model_type` in eval mode (with config `overrides`), or a clear error if its config does not
+    take the tiny sizes (checked without the overrides: a real vocabulary alone is larger)."""
+    with torch.device("meta"): n = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
+    cfg = tiny_config(model_type, **overrides)
     if n > MAX_TINY_PARAMS:
         raise ValueError(f"{model_type}: its config ignores the tiny sizes ({n:,} parameters). Fix: add the family's own "
                          "size names to dwg.coverage.TINY_OVERRIDES.")

@@ -17,7 +17,7 @@ from .evaluate import batches, prepare
 
 # %% auto #0
 __all__ = ['SPECIAL_ROLES', 'DEFAULT_ROLES', 'DEFAULT_COMPONENTS', 'Cell', 'check_roles', 'Grid', 'role_index', 'check_examples',
-           'at_point']
+           'interpolation', 'at_point']
 
 # %% ../nbs/03a_interpolate.ipynb #c005
 SPECIAL_ROLES = ("last_token", "other")   # the prompt's final token; every real token no other role claims
@@ -122,10 +122,21 @@ def _kind(module, out_axis) -> str:
     if isinstance(out_axis, tuple): return "params"
     return "weights" if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" else "outputs"
 
-def _axes(arch: dict, name: str) -> tuple:
-    "The (input, output) position axes of component `name`'s module: 1 for (batch, seq, ...), 0 for tokens flattened."
+def _rel_path(arch: dict, name: str) -> str:
+    "The path of component `name`'s module inside a layer (a fused part: its whole module), or the global's name."
     rel = arch["layer"].get(name, name)
-    return arch["axes"].get(rel[0] if isinstance(rel, tuple) else rel, (1, 1))
+    return rel[0] if isinstance(rel, tuple) else rel
+
+def _axes(arch: dict, name: str) -> tuple:
+    """The (input, output) position axes of component `name`'s module: 1 for (batch, seq, ...), 2 for (batch, heads,
+    seq, ...), 0 for tokens flattened."""
+    return arch["axes"].get(_rel_path(arch, name), (1, 1))
+
+def _path(arch: dict, name: str, layer: int | None) -> str | None:
+    "The module path of component `name` in `layer` (None: a global component), or None if that layer has none (MoE)."
+    if layer is None: return arch["globals"][name]
+    rel = _rel_path(arch, name)
+    return f"{arch['layers']}.{layer}.{rel}" if layer in arch["modules"][rel] else None
 
 @dataclass
 class _Site:
@@ -136,7 +147,9 @@ class _Site:
     cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
     diff: dict | None = None   # 'weights' sites: donor minus recipient parameters, by name (worked out once per run)
     moved: dict | None = None  # 'weights' sites: buffers for the parameters between the two, reused point after point
-    axis: int = 1              # the input's position axis: 1 for (batch, seq, ...), 0 for tokens flattened (MoE blocks)
+    axis: int = 1              # the input's position axis: 1 (batch, seq, ...), 2 (batch, heads, seq, ...), 0 flattened
+
+    def __post_init__(self): self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
@@ -145,7 +158,7 @@ class _Site:
 
     def at(self, a: float) -> tuple:
         "The site's (weight, bias) at `a`: the recipient's, the donor's, or between them (in buffers reused point to point)."
-        rec = dict(self.recipient.named_parameters(recurse=False))
+        rec = self.own
         if a == 0.0: return self.linear(rec)
         if a == 1.0 and not isinstance(self.donor, LoraModule):
             return self.linear(dict(self.donor.named_parameters(recurse=False)))
@@ -166,13 +179,13 @@ def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
         return diff | ({} if donor.bias is None else dict(bias=(donor.scale * donor.bias).to(rec["weight"].dtype)))
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
-    "Every module the grid's cells cover, with its cell per role."
-    have, arch, out, seen, zero = graftable(recipient), architecture(recipient), [], set(), len(grid)
+    "Every module the grid's cells cover (a layer without one of them, as an MoE's dense layers: none there), with its cell per role."
+    arch, out, seen, zero = architecture(recipient), [], set(), len(grid)
     for comp, names in grid.components.items():
         for layer in ([None] if grid.is_global(comp) else grid.layers):
             cells = torch.tensor([grid.index[Cell(r, layer, comp)] for r in grid.roles] + [zero])
             for n in names:
-                path = have[n][0 if layer is None else layer]
+                if (path := _path(arch, n, layer)) is None: continue
                 r, d = _module(recipient, n, path), _module(donor, n, path)
                 if d is r: continue   # a LoRA adapter leaves this module as it is: nothing to graft, its cells score 0
                 axes = _axes(arch, n)
@@ -194,21 +207,30 @@ class _Point:
         b, self.values = roles.shape[0], values.float()
         self.leaf = self.values.to(roles.device).expand(b, -1).clone().requires_grad_(grad)
         self.alpha = torch.cat([self.leaf, self.leaf.new_zeros(b, 1)], 1)
-        self.roles, self.live, self.cache = roles, live, {}
+        self.roles, self.live, self.cache, self.rows = roles, live, {}, {}
+
+    def live_rows(self, t: int) -> torch.Tensor | None:
+        "The flat indices of the live positions among the last `t` of each example (None: all are live)."
+        if t not in self.rows:
+            live = self.live[:, -t:]
+            self.rows[t] = None if bool(live.all()) else live.reshape(-1).nonzero()[:, 0]
+        return self.rows[t]
 
     def at(self, site: _Site, x: torch.Tensor) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
-        """The alpha of each position of `site`'s input `x` ((batch, t) for the last t positions, or flat), the value it
-        has everywhere live (None: mixed), and the flat indices of the live positions (None: all are)."""
-        t = x.shape[1] if site.axis == 1 else x.shape[0] // len(self.roles)
+        """The alpha of each position of `site`'s input `x` (shaped to broadcast along its position axis: (batch, t)
+        for the last t positions, (batch, 1, t) behind heads, or flat), the value it has everywhere live (None: mixed),
+        and the flat indices of the live positions (None: all are)."""
+        b = len(self.roles)
+        t = x.shape[0] // b if site.axis == 0 else x.shape[site.axis]
         key = (id(site.cells), t, site.axis)   # the modules of one (layer, component) share their cells: worked out once
         if key not in self.cache:
             idx, live = site.cells.to(self.roles.device)[self.roles[:, -t:]], self.live[:, -t:]
             vals = self.values[site.cells[:-1]].unique()
             covered = bool((idx != len(self.values))[live].all())
             uniform = float(vals[0]) if len(vals) == 1 and (covered or float(vals[0]) == 0.0) else None
-            rows = None if bool(live.all()) else live.reshape(-1).nonzero()[:, 0]
             alpha = self.alpha.gather(1, idx)
-            self.cache[key] = (alpha if site.axis == 1 else alpha.reshape(-1), uniform, rows)
+            shaped = alpha.reshape(-1) if site.axis == 0 else alpha.reshape(b, *[1] * (site.axis - 1), t)
+            self.cache[key] = (shaped, uniform, self.live_rows(t))
         return self.cache[key]
 
 def _scattered(values: torch.Tensor, rows: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -233,29 +255,30 @@ class _TiltLinear(torch.autograd.Function):
         if rows is not None: g2, x2 = g2[rows], x2[rows]
         gx = _scattered(g2 @ w, rows, n).view(x.shape) if ctx.needs_input_grad[0] else None
         if not ctx.needs_input_grad[1]: return gx, None, None, None, None, None, None
-        ga = ((g2 @ dw) * x2).sum(-1) + (g2 @ db if db is not None else 0)
+        ga = ((g2 @ dw).float() * x2.float()).sum(-1) + (g2.float() @ db.float() if db is not None else 0)   # in float32
         return gx, _scattered(ga, rows, n).view(x.shape[:-1]).to(ctx.alpha_dtype), None, None, None, None, None
 
 class _Tilt(torch.autograd.Function):
     """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
-    gradient dotted with `delta`, the donor's output minus the recipient's there (over every dimension past alpha's:
-    features, or heads and features)."""
+    gradient dotted with `delta`, the donor's output minus the recipient's there (summed over every dimension alpha
+    has not: features, heads and features, or the heads before the positions), in float32."""
     @staticmethod
     def forward(ctx, y, alpha, delta):
-        ctx.save_for_backward(delta); ctx.alpha_dtype, ctx.alpha_dim = alpha.dtype, alpha.dim()
+        ctx.save_for_backward(delta); ctx.alpha_dtype, ctx.alpha_shape = alpha.dtype, alpha.shape
         return y
 
     @staticmethod
     def backward(ctx, g):
         if not ctx.needs_input_grad[1]: return g, None, None
-        return g, (g * ctx.saved_tensors[0]).flatten(ctx.alpha_dim).sum(-1).to(ctx.alpha_dtype), None
+        dots = (g.float() * ctx.saved_tensors[0].float()).flatten(len(ctx.alpha_shape)).sum(-1)
+        return g, dots.sum_to_size(ctx.alpha_shape).to(ctx.alpha_dtype), None
 
-def _mixed(site: _Site, own, alpha, args, kwargs) -> torch.Tensor:
+def _mixed(site: _Site, own, alpha, x, args, kwargs) -> torch.Tensor:
     """The recipient's output moved `alpha` (one per position) towards the donor's, with gradients: any values (a
-    Linear's move is its input times the weight difference)."""
+    Linear's move is its input `x` times the weight difference)."""
     y_r = own(*args, **kwargs)
     weights = site.kind == "weights"
-    delta = nn.functional.linear(args[0], *site.linear(site.diff)) if weights else site.donor(*args, **kwargs) - y_r
+    delta = nn.functional.linear(x, *site.linear(site.diff)) if weights else site.donor(*args, **kwargs) - y_r
     return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * delta
 
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
@@ -270,11 +293,13 @@ def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.
 def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
     """A module whose outputs are not all numbers to mix (a router: scores and a top-k choice) with its parameters
     moved each position's alpha of the way (rows grouped by value); its floating outputs tilt along their derivative
-    in that direction (forward-mode), so alpha's gradient is exact and the choice follows the moved parameters."""
-    rec = dict(site.recipient.named_parameters(recurse=False))
+    in that direction (forward-mode, only with gradients on), so alpha's gradient is exact and the choice follows the
+    moved parameters."""
+    grad = torch.is_grad_enabled()
     def run(v, xs):
-        moved = {k: p + v * site.diff[k] for k, p in rec.items()}
-        return jvp(lambda params: functional_call(site.donor, params, (xs,)), (moved,), (site.diff,))
+        moved = {k: p + v * site.diff[k] for k, p in site.own.items()}
+        call = lambda params: functional_call(site.donor, params, (xs,))
+        return jvp(call, (moved,), (site.diff,)) if grad else (call(moved), None)
     if a is not None: y, tan = run(a, x)
     else:
         if x.dim() != 2: raise NotImplementedError(f"{type(site.recipient).__name__}: positions at different values "
@@ -285,7 +310,8 @@ def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
             yv, tv = run(v, x[sel])
             put = lambda acc, new: tuple(o.index_copy(0, sel, w) for o, w in
                                          zip(acc or [w.new_zeros((len(x), *w.shape[1:])) for w in new], new))
-            y, tan = put(y, yv), put(tan, tv)
+            y, tan = put(y, yv), put(tan, tv) if grad else None
+    if not grad: return y
     return tuple(_Tilt.apply(o, alpha, d.detach()) if o.is_floating_point() else o for o, d in zip(y, tan))
 
 def _site_forward(site: _Site, own, point_of):
@@ -296,7 +322,7 @@ def _site_forward(site: _Site, own, point_of):
             x = x.contiguous(); args = (x, *args[1:])   # matmul would multiply per example by the expanded weight
         alpha, a, rows = point_of().at(site, x)
         if site.kind == "params": return _through_params(site, alpha, a, x)
-        return _mixed(site, own, alpha, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
+        return _mixed(site, own, alpha, x, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
     return forward
 
 @contextmanager
@@ -358,14 +384,21 @@ def _at_point(recipient, prep: dict, roles: torch.Tensor, set_point, values: tor
     return lp.detach(), g
 
 # %% ../nbs/03a_interpolate.ipynb #i003
-def _each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int, fn) -> list:
-    "`fn(prep, roles, set_point)` for every batch of `examples`, inside the grid's interpolation."
-    donor = as_donor(recipient, donor)   # a LoRA adapter (directory, PeftModel): a view of the recipient
+def interpolation(recipient, donor, grid: Grid, examples: list[dict]) -> tuple[list, list]:
+    """The sites of `grid` between `recipient` and `donor` (a model, or a LoRA adapter: directory or PeftModel) and the
+    models to freeze while interpolating, after every check (before any forward pass)."""
+    donor = as_donor(recipient, donor)   # an adapter: a view of the recipient
     check_compatible(recipient, donor)
     check_examples(grid, examples)
+    sites = _sites(grid, recipient, donor)
+    if not sites: raise ValueError(f"The donor changes no module of the grid's components ({', '.join(grid.components)}): "
+                                   "every cell would score 0. Fix: localise over the components the adapter adapts.")
+    return sites, [m for m in (recipient, donor) if not isinstance(m, DonorView)]   # a view has no weights of its own
+
+def _each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int, fn) -> list:
+    "`fn(prep, roles, set_point)` for every batch of `examples`, inside the grid's interpolation."
     out = []
-    models = [m for m in (recipient, donor) if not isinstance(m, DonorView)]   # a view has no weights of its own
-    with _interpolated(_sites(grid, recipient, donor), models) as set_point:
+    with _interpolated(*interpolation(recipient, donor, grid, examples)) as set_point:
         for chunk in batches(examples, batch_size):
             prep = prepare(tokenizer, chunk, recipient.device)
             out.append(fn(prep, role_index(prep, grid.roles), set_point))

@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 import torch
 from .graft import check_compatible
+from .lora import as_donor
 from .plans import GraftPlan, Rule
 from .evaluate import evaluate_plans
 from .interpolate import Grid, SPECIAL_ROLES, check_examples, _at_point, _each_batch, at_point
@@ -111,6 +112,7 @@ def check_full_coverage(grid: Grid, examples: list[dict]):
 class Exact:
     "Exact grafting of cell sets through `evaluate_plans`, counting the forward passes it makes."
     def __init__(self, recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int = 32):
+        donor = as_donor(recipient, donor)   # a LoRA adapter: a view of the recipient, built once
         check_compatible(recipient, donor); check_full_coverage(grid, examples)
         self.models, self.tok, self.examples, self.grid = dict(recipient=recipient, donor=donor), tokenizer, examples, grid
         self.batch_size, self.evaluations, self.cache = batch_size, 0, {}

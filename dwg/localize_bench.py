@@ -7,20 +7,21 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 import torch
-from .graft import check_compatible
+from .bench import _bench_examples
 from .evaluate import prepare
-from .interpolate import Grid, check_examples, role_index, _sites, _interpolated, _at_point
+from .interpolate import Grid, interpolation, role_index, _interpolated, _at_point, _target_logprob
 
 
 # %% auto #0
 __all__ = ['benchmark']
 
 # %% ../nbs/03b_localize_bench.ipynb #b005
-def _model_gradient(model, batch: dict):
+def _model_gradient(model, prep: dict):
     "The model's own gradient, no grafting: a forward with gradients and a backward to the input embeddings only."
-    e = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
-    logits = model(inputs_embeds=e, attention_mask=batch["attention_mask"], logits_to_keep=1, use_cache=False).logits
-    torch.autograd.grad(logits[:, -1].float().log_softmax(-1)[:, 0].sum(), e)
+    batch = {k: v for k, v in prep["batch"].items() if k != "input_ids"}
+    e = model.get_input_embeddings()(prep["batch"]["input_ids"]).detach().requires_grad_(True)
+    logits = model(inputs_embeds=e, **batch, logits_to_keep=1, use_cache=False).logits
+    torch.autograd.grad(_target_logprob(logits, prep).sum(), e)
 
 def _paired(fns: dict, plain, repeat: int) -> dict:
     """Seconds of each of `fns` (name -> list of calls) and their cost in plain forwards: each call is timed between two
@@ -47,19 +48,18 @@ def benchmark(recipient, donor, tokenizer, examples: list[dict], grid: Grid | No
     step (`steps` points), and the model's own gradient (what any gradient pays); the per-run setup (weight differences)
     apart."""
     grid = grid or Grid(recipient, **grid_kw)
-    check_compatible(recipient, donor); check_examples(grid, examples)
     prep = prepare(tokenizer, examples, recipient.device)
     started = time.perf_counter()
-    roles, n, sites = role_index(prep, grid.roles), len(grid), _sites(grid, recipient, donor)
+    (sites, models), roles, n = interpolation(recipient, donor, grid, examples), role_index(prep, grid.roles), len(grid)
     setup = time.perf_counter() - started
     def plain():
         with torch.no_grad(): recipient(**prep["batch"], logits_to_keep=1, use_cache=False)
-    def point(v):
+    def point(v):   # the interpolation is entered per call: the plain forwards between run unpatched
         def run():
-            with _interpolated(sites, [recipient, donor]) as sp: _at_point(recipient, prep, roles, sp, torch.full((n,), v), True)
+            with _interpolated(sites, models) as sp: _at_point(recipient, prep, roles, sp, torch.full((n,), v), True)
         return run
     res = _paired(dict(a0=[point(0.0)], a1=[point(1.0)], ig_step=[point((k + 0.5) / steps) for k in range(steps)],
-                       model_gradient=[lambda: _model_gradient(recipient, prep["batch"])]), plain, repeat)
+                       model_gradient=[lambda: _model_gradient(recipient, prep)]), plain, repeat)
     return dict(batch=len(examples), width=prep["batch"]["input_ids"].shape[1], cells=n, steps=steps, repeat=repeat,
                 setup_seconds=setup, **res)
 
@@ -69,16 +69,13 @@ def _bench_cli(argv=None) -> dict:
     "`python -m dwg.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint."
     import argparse, json
     from dwg.models import load
-    from dwg.data import create_dataset, load_split
     ap = argparse.ArgumentParser(description=_bench_cli.__doc__)
     ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", required=True)
     ap.add_argument("--batch", type=int, default=32); ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=5); ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
     import tempfile
-    ds = create_dataset("fake_movies_fake_actors", n_facts=a.batch, seed=0, out_dir=(a.workdir or tempfile.mkdtemp()) + "/ds",
-                        overwrite=True)
-    exs = [e for e in load_split(ds, "eval") if e["template"] == "stars_alongside"][:a.batch]
+    exs = _bench_examples(a.workdir or tempfile.mkdtemp(), a.batch)[0][:a.batch]
     (rec, tok), (don, _) = load(a.model), load(a.donor)
     res = benchmark(rec, don, tok, exs, steps=a.steps, repeat=a.repeat, roles=("first_actor", "last_token", "other"))
     res.update(model=a.model, donor=a.donor, threads=torch.get_num_threads())

@@ -11,8 +11,7 @@ import pandas as pd
 from .plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
-__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results',
-           'perturbed', 'tiny_family']
+__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
 
 # %% ../nbs/09_testing.ipynb #0d6b44d0
 STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -190,24 +189,3 @@ def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "co
     comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,
                              seed=seed + 1)
     return pd.concat([pos, comp], ignore_index=True)
-
-# %% ../nbs/09_testing.ipynb #t0a2
-def perturbed(model, scale: float = 0.5, seed: int = 1):
-    "A stand-in donor: a copy of `model` with random changes to every weight (`scale` times its spread)."
-    import copy, torch
-    d, g = copy.deepcopy(model), torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
-    return d
-
-
-# %% ../nbs/09_testing.ipynb #t0a4
-def tiny_family(model_type: str, vocab_size: int, seed: int = 0):
-    "A tiny random model of any causal-LM family (dwg.coverage's sizes) with `vocab_size` tokens: runs on real prompts."
-    import torch
-    from transformers import AutoModelForCausalLM
-    from dwg.coverage import tiny_config
-    config = tiny_config(model_type); config.vocab_size = vocab_size
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
-

@@ -148,8 +148,9 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
     assert loads == ["tiny-llama"]   # the adapter was never merged into a second model
     want = evaluate.run_grafting(dict(pretrained="tiny-llama", finetuned=str(tmp_path / "merged")), ds, plans, "positions",
                                  generate=True, generated="last_token")
-    # a random tiny model spreads probability almost evenly over 49k tokens: ranks move by a few among near-ties
-    assert (got["plan"] == want["plan"]).all() and (got["rank"] - want["rank"]).abs().max() <= 10
+    # a random tiny model spreads probability almost evenly over 49k tokens: ranks move among near-ties (seen 12 on one
+    # CPU, <= 10 on another); the probabilities below are the tight check, 50 ranks = 0.1% of the vocabulary
+    assert (got["plan"] == want["plan"]).all() and (got["rank"] - want["rank"]).abs().max() <= 50
     assert (got["prob"] - want["prob"]).abs().max() < 1e-5 and (got["logprob"] - want["logprob"]).abs().max() < 1e-4
     assert (got["generated"] == want["generated"]).all()
 
@@ -174,6 +175,8 @@ def test_localisation_from_a_lora_donor(tmp_path):
     " halfway and with one cell grafted; a cell the adapter leaves alone scores 0."
     from dwg.data import create_dataset, load_split
     from dwg.interpolate import Grid, at_point
+    from dwg.localize import Exact
+    from dwg.localize_bench import benchmark
     exs = load_split(create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds"), "eval")[:8]
     for name in ("tiny-llama", "tiny-gpt2"):   # GPT-2: Conv1D, the delta transposed to its layout
         rec, tok = load(name)
@@ -182,8 +185,18 @@ def test_localisation_from_a_lora_donor(tmp_path):
         one = torch.zeros(len(g)); one[g.index[g.cell("first_actor@1:ffn")]] = 1
         for values in (torch.zeros(len(g)), torch.ones(len(g)), torch.full((len(g),), 0.5), one):
             lp_a, gr_a = at_point(rec, pm, tok, exs, g, values)
+            if bool((values == 1).all()): lp_full = lp_a
             lp_m, gr_m = at_point(rec, merged, tok, exs, g, values)
             # rounding differs (W + BA merged once, the delta kept apart): 1e-4 of the largest gradient (seen 1.2e-5)
             assert torch.allclose(lp_a, lp_m, atol=1e-5) and (gr_a - gr_m).abs().max() <= 1e-4 * gr_m.abs().max()
         assert gr_m.abs().max() > 1e-2 and (lp_a - at_point(rec, pm, tok, exs, g, torch.zeros(len(g)))[0]).abs().max() > 1e-3
         assert gr_a[:, g.index[g.cell("last_token@global:lm_head")]].abs().max() == 0   # the head is not adapted
+        # exact grafting and the cost benchmark take the adapter too (exact: the same as the merged model)
+        ex_a, ex_m = Exact(rec, pm, tok, exs, g, batch_size=4), Exact(rec, merged, tok, exs, g, batch_size=4)
+        assert torch.allclose(ex_a(["first_actor@1:attn"]), ex_m(["first_actor@1:attn"]), atol=1e-5)
+        assert torch.allclose(ex_a(g.cells), lp_full, atol=1e-5)
+        assert benchmark(rec, pm, tok, exs[:4], g, steps=1, repeat=1)["over_plain"]["a0"] > 0
+        # a grid of modules the adapter leaves alone: a clear error, before any forward pass
+        with pytest.raises(ValueError, match="changes no module of the grid"):
+            alone = Grid(rec, components=["norms", "globals"])
+            at_point(rec, pm, tok, exs, alone, torch.zeros(len(alone)))

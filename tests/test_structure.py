@@ -8,7 +8,7 @@ PACKAGE = Path(dwg.__file__).parent
 # Lowest first: a module may import only modules of a lower layer (the README's "How it fits together").
 LAYERS = [["runs"], ["data"], ["custom"], ["lora"], ["models"], ["arch"], ["graft"], ["patch"], ["coverage"], ["plans"],
           ["evaluate"], ["interpolate"], ["localize"], ["config", "batches"], ["train"],
-          ["sweep", "plots", "bench", "localize_bench"], ["recovery", "runner", "localize_plots"], ["local", "slurm"], ["cli"], ["testing"]]
+          ["sweep", "plots", "bench"], ["recovery", "runner", "localize_plots", "localize_bench"], ["local", "slurm"], ["cli"], ["testing"]]
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 MAX_MODULE_LINES = 520      # "about 500"
 MAX_FUNCTION_LINES = 50

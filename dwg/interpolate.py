@@ -146,28 +146,36 @@ class _Site:
     kind: str
     cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
     diff: dict | None = None   # 'weights' sites: donor minus recipient parameters, by name (worked out once per run)
-    moved: dict | None = None  # 'weights' sites: buffers for the parameters between the two, reused point after point
+    scratch: dict | None = None  # 'weights' sites: buffers for the parameters between the two, one per shape, shared by all
     axis: int = 1              # the input's position axis: 1 (batch, seq, ...), 2 (batch, heads, seq, ...), 0 flattened
+    affine: bool | None = None  # a norm whose output is affine in its parameters (None: not yet checked; False: is not)
 
-    def __post_init__(self): self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
+    def __post_init__(self):
+        self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
+        self.norm = self.kind == "outputs" and "Norm" in type(self.recipient).__name__
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
         w = params["weight"]
         return w if isinstance(self.recipient, nn.Linear) else w.t(), params.get("bias")
 
+    def stored(self, a: float) -> bool:
+        "Whether the weights at `a` are stored as they are (the recipient's, a full donor's) rather than moved."
+        return a == 0.0 or (a == 1.0 and not isinstance(self.donor, LoraModule))
+
     def at(self, a: float) -> tuple:
-        "The site's (weight, bias) at `a`: the recipient's, the donor's, or between them (in buffers reused point to point)."
+        """The site's (weight, bias) at `a`: the recipient's, the donor's, or between them, written into the scratch buffer
+        of their shape (valid until the next site moves weights of that shape: use them at once)."""
         rec = self.own
         if a == 0.0: return self.linear(rec)
-        if a == 1.0 and not isinstance(self.donor, LoraModule):
-            return self.linear(dict(self.donor.named_parameters(recurse=False)))
-        self.moved = self.moved or {n: torch.empty_like(d) for n, d in self.diff.items()}
+        if self.stored(a): return self.linear(dict(self.donor.named_parameters(recurse=False)))
+        moved = {}
         with torch.no_grad():   # an adapter may add a bias the recipient has not, or leave the recipient's as it is
             for n, d in self.diff.items():
-                if n in rec: torch.add(rec[n], d, alpha=a, out=self.moved[n])
-                else: torch.mul(d, a, out=self.moved[n])
-        return self.linear({**rec, **self.moved})
+                out = moved[n] = self.scratch.setdefault((n, d.shape, d.dtype, d.device), torch.empty_like(d))
+                if n in rec: torch.add(rec[n], d, alpha=a, out=out)
+                else: torch.mul(d, a, out=out)
+        return self.linear({**rec, **moved})
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
     "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
@@ -180,7 +188,7 @@ def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
     "Every module the grid's cells cover (a layer without one of them, as an MoE's dense layers: none there), with its cell per role."
-    arch, out, seen, zero = architecture(recipient), [], set(), len(grid)
+    arch, out, seen, zero, scratch = architecture(recipient), [], set(), len(grid), {}
     for comp, names in grid.components.items():
         for layer in ([None] if grid.is_global(comp) else grid.layers):
             cells = torch.tensor([grid.index[Cell(r, layer, comp)] for r in grid.roles] + [zero])
@@ -195,7 +203,7 @@ def _sites(grid: Grid, recipient, donor) -> list[_Site]:
                                      "output; merge the adapter (peft's merge_and_unload) and localise the merged model.")
                 if id(r) in seen: continue   # a fused module: once
                 seen.add(id(r))
-                out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind != "outputs" else None, axis=axes[0]))
+                out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind != "outputs" else None, scratch, axis=axes[0]))
     return out
 
 # %% ../nbs/03a_interpolate.ipynb #c011
@@ -209,11 +217,11 @@ class _Point:
         self.alpha = torch.cat([self.leaf, self.leaf.new_zeros(b, 1)], 1)
         self.roles, self.live, self.cache, self.rows = roles, live, {}, {}
 
-    def live_rows(self, t: int) -> torch.Tensor | None:
-        "The flat indices of the live positions among the last `t` of each example (None: all are live)."
+    def live_rows(self, t: int) -> tuple | None:
+        "The flat indices of the live and of the padding positions among the last `t` of each example (None: all live)."
         if t not in self.rows:
-            live = self.live[:, -t:]
-            self.rows[t] = None if bool(live.all()) else live.reshape(-1).nonzero()[:, 0]
+            live = self.live[:, -t:].reshape(-1)
+            self.rows[t] = None if bool(live.all()) else (live.nonzero()[:, 0], (~live).nonzero()[:, 0])
         return self.rows[t]
 
     def at(self, site: _Site, x: torch.Tensor) -> tuple[torch.Tensor, float | None, torch.Tensor | None]:
@@ -230,33 +238,44 @@ class _Point:
             uniform = float(vals[0]) if len(vals) == 1 and (covered or float(vals[0]) == 0.0) else None
             alpha = self.alpha.gather(1, idx)
             shaped = alpha.reshape(-1) if site.axis == 0 else alpha.reshape(b, *[1] * (site.axis - 1), t)
-            self.cache[key] = (shaped, uniform, self.live_rows(t))
+            self.cache[key] = (shaped, uniform, self.live_rows(t) if site.axis <= 1 else None)
         return self.cache[key]
 
-def _scattered(values: torch.Tensor, rows: torch.Tensor | None, n: int) -> torch.Tensor:
-    "`values` for `rows` of an n-row result, zeros elsewhere (`values` itself when every row is there)."
-    return values if rows is None else values.new_zeros((n, *values.shape[1:])).index_copy_(0, rows, values)
+def _scattered(values: torch.Tensor, rows: tuple | None, n: int) -> torch.Tensor:
+    "`values` at the live rows of an n-row result (`rows`: live and padding indices), zeros at padding (None: `values`)."
+    if rows is None: return values
+    return values.new_empty((n, *values.shape[1:])).index_copy_(0, rows[0], values).index_fill_(0, rows[1], 0)
 
 class _TiltLinear(torch.autograd.Function):
-    """A Linear at a point where every live alpha is the same: `x @ w.T + b`; backward, the input gradient and each
-    position's alpha gradient, its output gradient dotted with its move to the donor `x @ dw.T + db`, taken from
-    the gradient side (`g @ dw`). Backward skips padding (`rows`: the live positions, None for all): no gradient
-    reaches it (masked out of attention), so it contributes exactly nothing."""
+    """A Linear of `site` at a point where every live alpha is `a`: `x @ w.T + b` with its weights moved `a` of the way,
+    on the live rows only (`rows`; None: all), padding rows giving 0 as in `graft` (nothing attends to them). Backward,
+    the input gradient and each position's alpha gradient, its output gradient dotted with its move to the donor
+    `x @ dw.T + db`, taken from the gradient side (`g @ dw`); between the end points that product gives the input
+    gradient too (`g @ w_r + a g @ dw`), so the moved weights are not kept."""
     @staticmethod
-    def forward(ctx, x, alpha, rows, w, b, dw, db):
-        ctx.save_for_backward(x, rows, w, dw, db); ctx.alpha_dtype = alpha.dtype
-        return nn.functional.linear(x, w, b)
+    def forward(ctx, x, alpha, site, a, rows):
+        x2 = x.reshape(-1, x.shape[-1])
+        n = len(x2)
+        if rows is not None: x2 = x2.index_select(0, rows[0])
+        y = _scattered(nn.functional.linear(x2, *site.at(a)), rows, n)
+        ctx.save_for_backward(x2); ctx.rows, ctx.site, ctx.a, ctx.shape, ctx.alpha_dtype = rows, site, a, x.shape, alpha.dtype
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, g):
-        x, rows, w, dw, db = ctx.saved_tensors
-        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        (x2,), rows, site, a = ctx.saved_tensors, ctx.rows, ctx.site, ctx.a
+        g2 = g.reshape(-1, g.shape[-1])
         n = len(g2)
-        if rows is not None: g2, x2 = g2[rows], x2[rows]
-        gx = _scattered(g2 @ w, rows, n).view(x.shape) if ctx.needs_input_grad[0] else None
-        if not ctx.needs_input_grad[1]: return gx, None, None, None, None, None, None
-        ga = ((g2 @ dw).float() * x2.float()).sum(-1) + (g2.float() @ db.float() if db is not None else 0)   # in float32
-        return gx, _scattered(ga, rows, n).view(x.shape[:-1]).to(ctx.alpha_dtype), None, None, None, None, None
+        if rows is not None: g2 = g2.index_select(0, rows[0])
+        dw, db = site.linear(site.diff)
+        gd = g2 @ dw if ctx.needs_input_grad[1] or not site.stored(a) else None
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gx = g2 @ site.at(a)[0] if site.stored(a) else torch.add(g2 @ site.linear(site.own)[0], gd, alpha=a)
+            gx = _scattered(gx, rows, n).view(ctx.shape)
+        if not ctx.needs_input_grad[1]: return gx, None, None, None, None
+        ga = torch.linalg.vecdot(gd.float(), x2.float()) + (g2.float() @ db.float() if db is not None else 0)   # float32
+        return gx, _scattered(ga, rows, n).view(ctx.shape[:-1]).to(ctx.alpha_dtype), None, None, None
 
 class _Tilt(torch.autograd.Function):
     """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
@@ -281,10 +300,26 @@ def _mixed(site: _Site, own, alpha, x, args, kwargs) -> torch.Tensor:
     delta = nn.functional.linear(x, *site.linear(site.diff)) if weights else site.donor(*args, **kwargs) - y_r
     return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * delta
 
+def _moved_norm(site: _Site, own, alpha, a: float, args, kwargs) -> torch.Tensor | None:
+    """A norm between the end points, run once with its parameters moved `a` of the way: exact when its output is affine
+    in them (checked on its first input), and one backward instead of two; None when it is not affine."""
+    if site.affine is False or not torch.is_grad_enabled(): return None
+    with torch.no_grad(): y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
+    if site.diff is None: site.diff = _weight_diff(site.recipient, site.donor)
+    moved = {k: p + a * site.diff[k] for k, p in site.own.items()}
+    if site.affine is None:
+        with torch.no_grad(): y = functional_call(site.donor, moved, args, kwargs)
+        tol = max(1e-4, 8 * torch.finfo(y.dtype).eps)
+        site.affine = bool(torch.allclose(y, torch.lerp(y_r, y_d, a), rtol=tol, atol=tol * y_d.abs().max().item()))
+        if not site.affine: return None
+    return _Tilt.apply(functional_call(site.donor, moved, args, kwargs), alpha, y_d - y_r)
+
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
     """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
-    (exact: its output is linear in its weights); any other module runs twice and its outputs are mixed."""
-    if site.kind == "weights": return _TiltLinear.apply(x, alpha, rows, *site.at(a), *site.linear(site.diff))
+    (exact: its output is linear in its weights), so does a norm between the end points; any other module runs twice
+    and its outputs are mixed."""
+    if site.kind == "weights": return _TiltLinear.apply(x, alpha, site, a, rows)
+    if site.norm and 0.0 < a < 1.0 and (y := _moved_norm(site, own, alpha, a, args, kwargs)) is not None: return y
     with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0): y_r = own(*args, **kwargs)
     with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0): y_d = site.donor(*args, **kwargs)
     with torch.no_grad(): delta = y_d - y_r
@@ -325,14 +360,22 @@ def _site_forward(site: _Site, own, point_of):
         return _mixed(site, own, alpha, x, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
     return forward
 
+def _contiguous_input(module, args):
+    "A forward pre-hook: the first argument made contiguous."
+    return (args[0].contiguous(), *args[1:]) if args and not args[0].is_contiguous() else None
+
 @contextmanager
 def _frozen(models: list):
-    "Within: no parameter of `models` asks for a gradient (each as it was after)."
+    """Within: no parameter of `models` asks for a gradient (each as it was after), and each head's input is contiguous
+    (frozen weights and a sliced input with gradients would send matmul to a product per example: ~25% of a forward)."""
     saved = [(p, p.requires_grad) for m in models for p in m.parameters()]
+    heads = [h for m in models if (h := m.get_output_embeddings()) is not None]
+    hooks = [h.register_forward_pre_hook(_contiguous_input) for h in heads]
     for p, _ in saved: p.requires_grad_(False)
     try: yield
     finally:
         for p, g in saved: p.requires_grad_(g)
+        for h in hooks: h.remove()
 
 @contextmanager
 def _interpolated(sites: list[_Site], models: list):

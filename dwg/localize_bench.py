@@ -58,25 +58,31 @@ def benchmark(recipient, donor, tokenizer, examples: list[dict], grid: Grid | No
         def run():
             with _interpolated(sites, models) as sp: _at_point(recipient, prep, roles, sp, torch.full((n,), v), True)
         return run
-    res = _paired(dict(a0=[point(0.0)], a1=[point(1.0)], ig_step=[point((k + 0.5) / steps) for k in range(steps)],
-                       model_gradient=[lambda: _model_gradient(recipient, prep)]), plain, repeat)
+    inner = [(k + 0.5) / steps for k in range(steps)]
+    move = lambda: [s.at(inner[0]) for s in sites if s.kind == "weights"]   # each into the shared buffer of its shape
+    res = _paired(dict(a0=[point(0.0)], a1=[point(1.0)], ig_step=[point(v) for v in inner],
+                       model_gradient=[lambda: _model_gradient(recipient, prep)], weight_move=[move]), plain, repeat)
+    res["over_model_gradient"] = {k: res["over_plain"][k] - res["over_plain"]["model_gradient"] for k in ("a0", "a1", "ig_step")}
     return dict(batch=len(examples), width=prep["batch"]["input_ids"].shape[1], cells=n, steps=steps, repeat=repeat,
-                setup_seconds=setup, **res)
+                live=prep["batch"]["attention_mask"].float().mean().item(), setup_seconds=setup, **res)
 
 
 # %% ../nbs/03b_localize_bench.ipynb #b008
 def _bench_cli(argv=None) -> dict:
-    "`python -m dwg.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint."
+    """`python -m dwg.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint
+    (`--donor`; without, the model with its weights perturbed)."""
     import argparse, json
     from dwg.models import load
+    from dwg.coverage import perturbed
     ap = argparse.ArgumentParser(description=_bench_cli.__doc__)
-    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", required=True)
+    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", default=None)
     ap.add_argument("--batch", type=int, default=32); ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=5); ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
     import tempfile
     exs = _bench_examples(a.workdir or tempfile.mkdtemp(), a.batch)[0][:a.batch]
-    (rec, tok), (don, _) = load(a.model), load(a.donor)
+    rec, tok = load(a.model)
+    don = load(a.donor)[0] if a.donor else perturbed(rec, scale=0.05)
     res = benchmark(rec, don, tok, exs, steps=a.steps, repeat=a.repeat, roles=("first_actor", "last_token", "other"))
     res.update(model=a.model, donor=a.donor, threads=torch.get_num_threads())
     print(json.dumps(res, indent=1))

@@ -50,7 +50,8 @@ def test_localize_notebook_runs(tmp_path):
     pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), kernel_name="python3",
                         parameters=dict(out_dir=str(out), bench_repeat=1), progress_bar=False)
     res = json.loads((out / "localize.json").read_text())
-    assert set(res["cost"]["over_plain"]) == {"a0", "a1", "ig_step", "model_gradient"}
+    assert set(res["cost"]["over_plain"]) == {"a0", "a1", "ig_step", "model_gradient", "weight_move"}
+    assert set(res["cost"]["over_model_gradient"]) == {"a0", "a1", "ig_step"}
     s = res["search"]
     graded = {g["plan"]: g for g in s["graded"]}   # the plan file graded on its own by evaluate_plans
     assert abs(graded["localized"]["recovery"] - s["recovery"]) < 1e-3 and graded["SFT"]["recovery"] == 1.0

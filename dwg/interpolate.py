@@ -271,7 +271,7 @@ class _TiltLinear(torch.autograd.Function):
         gd = g2 @ dw if ctx.needs_input_grad[1] or not site.stored(a) else None
         gx = None
         if ctx.needs_input_grad[0]:
-            gx = g2 @ site.at(a)[0] if site.stored(a) else torch.add(g2 @ site.linear(site.own)[0], gd, alpha=a)
+            gx = g2 @ site.at(a)[0] if site.stored(a) else torch.addmm(gd, g2, site.linear(site.own)[0], beta=a)
             gx = _scattered(gx, rows, n).view(ctx.shape)
         if not ctx.needs_input_grad[1]: return gx, None, None, None, None
         ga = torch.linalg.vecdot(gd.float(), x2.float()) + (g2.float() @ db.float() if db is not None else 0)   # float32

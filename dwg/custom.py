@@ -4,12 +4,11 @@
 
 # %% ../nbs/01a_custom.ipynb #cf9151fb
 from __future__ import annotations
-import csv, hashlib, io, json, random, re, shutil, string, tempfile, unicodedata
+import csv, hashlib, io, json, random, re, string, unicodedata
 from pathlib import Path
 import yaml
 import dwg
-from .data import ASSETS, DATASET_FILES, assign_splits, hold_out, leaked_names, render, template_fields
-from .runs import publish_dir, write_jsonl
+from .data import ASSETS, assign_splits, hold_out, leaked_names, render, template_fields, write_dataset
 
 # %% auto #0
 __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLATE_KEYS', 'read_facts', 'read_templates',
@@ -267,18 +266,7 @@ def build_custom(facts, templates, n_facts: int | None = None, seed: int = 0, *,
 def create_custom_dataset(facts, templates, out_dir, n_facts: int | None = None, seed: int = 0, *,
                           overwrite: bool = False, **kwargs) -> Path:
     "Build, check and atomically write a custom dataset to `out_dir` (the format of `dwg.data.create_dataset`)."
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
-    ds = build_custom(facts, templates, n_facts, seed, **kwargs)   # every check happens here, before any write
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        for key, name in DATASET_FILES.items(): write_jsonl(tmp / name, ds[key])
-        (tmp / "dataset_info.json").write_text(json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        return publish_dir(tmp, out)
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+    return write_dataset(out_dir, lambda: build_custom(facts, templates, n_facts, seed, **kwargs), overwrite)
 
 def example_files() -> tuple[Path, Path]:
     "The packaged example: (facts file, templates file) of invented companies and their new chief executives."

@@ -14,7 +14,7 @@ __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAK
            'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS',
            'DATASET_FILES', 'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors',
            'check_templates', 'max_facts', 'make_facts', 'read_articles', 'assign_splits', 'hold_out', 'build_dataset',
-           'leaked_names', 'create_dataset', 'load_split', 'token_positions']
+           'leaked_names', 'write_dataset', 'create_dataset', 'load_split', 'token_positions']
 
 # %% ../nbs/01_data.ipynb #f4bed3ce
 ASSETS = Path(dwg.__file__).parent / "assets"
@@ -404,12 +404,13 @@ def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
 DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
                "eval": "eval.jsonl"}
 
-def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *, overwrite: bool = False, **kwargs) -> Path:
-    "Build, validate and atomically write a dataset to `out_dir` (default `runs/data/<kind>-n<n_facts>-s<seed>`)."
-    out = Path(out_dir if out_dir is not None else Path("runs") / "data" / f"{kind}-n{n_facts}-s{seed}")
+def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
+    """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then renamed);
+    `build` runs after the overwrite check and before any write, so a bad config writes nothing."""
+    out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
-    ds = build_dataset(kind, n_facts, seed, **kwargs)  # every check happens here, before any write
+    ds = build()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
@@ -419,6 +420,11 @@ def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *,
         return publish_dir(tmp, out)
     finally:
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+
+def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *, overwrite: bool = False, **kwargs) -> Path:
+    "Build, validate and atomically write a dataset to `out_dir` (default `runs/data/<kind>-n<n_facts>-s<seed>`)."
+    out = out_dir if out_dir is not None else Path("runs") / "data" / f"{kind}-n{n_facts}-s{seed}"
+    return write_dataset(out, lambda: build_dataset(kind, n_facts, seed, **kwargs), overwrite)
 
 def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     "Rows of one dataset file (`metadata`, `train`, `validation` or `eval`), optionally only `split` 'task'/'relation'."

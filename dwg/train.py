@@ -245,16 +245,17 @@ def _device_type(device) -> str:
     if device is not None: return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
 
-def train_epochs(cfg: TrainConfig, n_texts: int) -> float:
-    "The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps."
-    per_epoch = max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum)))
+def train_epochs(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> float:
+    """The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps (`world_size`
+    processes each taking a batch per step, as under `accelerate launch`)."""
+    per_epoch = max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
     return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch)) if cfg.min_steps > 0 else cfg.epochs
 
 def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
                   has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
     "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
-    kw = dict(output_dir=str(output_dir), num_train_epochs=train_epochs(cfg, n_texts), max_steps=cfg.max_steps,
+    kw = dict(output_dir=str(output_dir), num_train_epochs=train_epochs(cfg, n_texts, int(os.environ.get("WORLD_SIZE", "1"))), max_steps=cfg.max_steps,
               learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
               per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
               weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, lr_scheduler_type=cfg.lr_scheduler,

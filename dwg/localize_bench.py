@@ -27,8 +27,9 @@ def _paired(fns: dict, plain, repeat: int) -> dict:
     """Seconds of each of `fns` (name -> list of calls) and their cost in plain forwards: each call is timed between two
     plain forwards and compared with their mean, so a noisy machine's drift cancels; each plain forward is the second of
     two in a row (the first, just after heavier work, pays for memory handed back); medians of `repeat` rounds."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)   # a GPU's work, not its launches
     def timed(f):
-        t = time.perf_counter(); f(); return time.perf_counter() - t
+        sync(); t = time.perf_counter(); f(); sync(); return time.perf_counter() - t
     warm = lambda: (plain(), timed(plain))[1]
     secs, ratios = defaultdict(list), defaultdict(list)
     for r in range(repeat + 1):   # round 0 warms up

@@ -145,14 +145,14 @@ class _Site:
     donor: nn.Module
     kind: str
     cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
-    diff: dict | None = None   # 'weights' sites: donor minus recipient parameters, by name (worked out once per run)
+    diff: dict | None = None   # donor minus recipient parameters, by name, once per run ('weights', 'params', norms)
     scratch: dict | None = None  # 'weights' sites: buffers for the parameters between the two, one per shape, shared by all
     axis: int = 1              # the input's position axis: 1 (batch, seq, ...), 2 (batch, heads, seq, ...), 0 flattened
     affine: bool | None = None  # a norm whose output is affine in its parameters (None: not yet checked; False: is not)
 
     def __post_init__(self):
         self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
-        self.norm = self.kind == "outputs" and "Norm" in type(self.recipient).__name__
+        self.norm = self.kind == "outputs" and _is_norm(self.recipient)
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
@@ -178,6 +178,10 @@ class _Site:
                 if n in rec: torch.add(rec[n], d, alpha=a, out=out)
                 else: torch.mul(d, a, out=out)
         return self.linear({**rec, **moved})
+
+def _is_norm(module: nn.Module) -> bool:
+    "A normalisation layer (by its class name): its output is affine in its parameters, as `_moved_norm` checks."
+    return "Norm" in type(module).__name__
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
     "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
@@ -205,7 +209,8 @@ def _sites(grid: Grid, recipient, donor) -> list[_Site]:
                                      "output; merge the adapter (peft's merge_and_unload) and localise the merged model.")
                 if id(r) in seen: continue   # a fused module: once
                 seen.add(id(r))
-                out.append(_Site(r, d, kind, cells, _weight_diff(r, d) if kind != "outputs" else None, scratch, axis=axes[0]))
+                diff = _weight_diff(r, d) if kind != "outputs" or _is_norm(r) else None   # a norm's: a few numbers
+                out.append(_Site(r, d, kind, cells, diff, scratch, axis=axes[0]))
     return out
 
 # %% ../nbs/03a_interpolate.ipynb #c011
@@ -309,7 +314,6 @@ def _moved_norm(site: _Site, own, alpha, a: float, args, kwargs) -> torch.Tensor
     backward instead of two; None when it is not affine."""
     if site.affine is False or not torch.is_grad_enabled(): return None
     with torch.no_grad(): y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
-    if site.diff is None: site.diff = _weight_diff(site.recipient, site.donor)
     moved = {k: p + a * site.diff[k] for k, p in site.own.items()}
     if site.affine is None:
         with torch.no_grad(): y = functional_call(site.donor, moved, args, kwargs)
@@ -356,9 +360,7 @@ def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
 def _site_forward(site: _Site, own, point_of):
     "A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position."
     def forward(*args, **kwargs):
-        x = args[0] if args else next(iter(kwargs.values()))
-        if args and not x.is_contiguous():   # e.g. the head's input, the last position sliced: with gradients on,
-            x = x.contiguous(); args = (x, *args[1:])   # matmul would multiply per example by the expanded weight
+        x = args[0] if args else next(iter(kwargs.values()))   # the head's input is made contiguous by `_frozen`
         alpha, a, rows = point_of().at(site, x)
         if site.kind == "params": return _through_params(site, alpha, a, x)
         return _mixed(site, own, alpha, x, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)

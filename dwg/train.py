@@ -255,7 +255,8 @@ def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str,
                   has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
     "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
-    kw = dict(output_dir=str(output_dir), num_train_epochs=train_epochs(cfg, n_texts, int(os.environ.get("WORLD_SIZE", "1"))), max_steps=cfg.max_steps,
+    epochs = train_epochs(cfg, n_texts, int(os.environ.get("WORLD_SIZE", "1")))   # processes under accelerate launch
+    kw = dict(output_dir=str(output_dir), num_train_epochs=epochs, max_steps=cfg.max_steps,
               learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
               per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
               weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, lr_scheduler_type=cfg.lr_scheduler,

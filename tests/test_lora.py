@@ -197,6 +197,6 @@ def test_localisation_from_a_lora_donor(tmp_path):
         assert torch.allclose(ex_a(g.cells), lp_full, atol=1e-5)
         assert benchmark(rec, pm, tok, exs[:4], g, steps=1, repeat=1)["over_plain"]["a0"] > 0
         # a grid of modules the adapter leaves alone: a clear error, before any forward pass
+        alone = Grid(rec, components=["norms", "globals"])
         with pytest.raises(ValueError, match="changes no module of the grid"):
-            alone = Grid(rec, components=["norms", "globals"])
             at_point(rec, pm, tok, exs, alone, torch.zeros(len(alone)))

@@ -5,10 +5,11 @@
 # %% ../nbs/06b_localize_plots.ipynb #c002
 from __future__ import annotations
 import altair as alt
+import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['cell_heatmaps']
+__all__ = ['CLIP_PERCENTILE', 'colour_limit', 'cell_heatmaps']
 
 # %% ../nbs/06b_localize_plots.ipynb #c004
 def _layer_order(table: pd.DataFrame) -> list[str]:
@@ -23,21 +24,39 @@ def _long(table: pd.DataFrame, measures: list[str]) -> pd.DataFrame:
     df = table.assign(layer=table["layer"].astype(str))
     return df.melt(id_vars=[c for c in df.columns if c not in measures], value_vars=measures, var_name="measure")
 
+CLIP_PERCENTILE = 98
+
+def colour_limit(values, percentile: float = CLIP_PERCENTILE) -> float:
+    "Half-range of a diverging colour scale: the `percentile` of |value| (the largest |value| when that is 0; 1 if none)."
+    v = np.abs(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v)]
+    if not len(v) or not v.max(): return 1.0
+    return float(np.percentile(v, percentile)) or float(v.max())
+
 def _panel(df: pd.DataFrame, measure: str, order: list[str], roles: list[str], marked: str | None = None):
-    "One measure as a heatmap faceted by component; cells where `marked` is true get a dot."
+    """One measure as a heatmap faceted by component, on a diverging scale clipped at the `CLIP_PERCENTILE` of |value|
+    (one large cell must not wash out the rest); clipped cells are outlined, cells where `marked` is true get a dot."""
+    d = df[df["measure"] == measure]
+    limit = colour_limit(d["value"])
+    d = d.assign(clipped=d["value"].abs() > limit)
     base = alt.Chart().encode(
         x=alt.X("layer:O", sort=order, title="layer"), y=alt.Y("role:N", sort=roles, title=None),
         tooltip=["cell:N", "role:N", "layer:N", "component:N", alt.Tooltip("value:Q", format=".4f", title=measure)])
-    rect = base.mark_rect().encode(color=alt.Color("value:Q", title=measure,
-                                                   scale=alt.Scale(scheme="redblue", reverse=True, domainMid=0)))
-    layers = [rect] + ([base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}")] if marked else [])
-    return alt.layer(*layers, data=df[df["measure"] == measure]).facet(
-        row=alt.Row("component:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")), title=measure)
+    rect = base.mark_rect().encode(color=alt.Color(
+        "value:Q", title=measure,
+        scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit], clamp=True)))
+    outline = base.mark_rect(filled=False, stroke="black", strokeWidth=1.5).transform_filter("datum.clipped")
+    layers = [rect, outline] + ([base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}")] if marked else [])
+    n_clipped = int(d["clipped"].sum())
+    note = f"colour clipped at ±{limit:.3g} ({CLIP_PERCENTILE}th percentile of |{measure}|); outlined: {n_clipped} cell(s) beyond"
+    return alt.layer(*layers, data=d).facet(
+        row=alt.Row("component:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
+        title=alt.Title(measure, subtitle=note))
 
 def cell_heatmaps(table: pd.DataFrame, measures: list[str], title: str = "", marked: str | None = None):
     """Heatmaps of `measures` (columns of a cell table: cell, role, layer, component, ...) side by side: position role x
-    layer, a row per component, values on hover, each with its own colour scale (0 white); `marked` (a boolean column)
-    puts a dot on those cells."""
+    layer, a row per component, values on hover, each with its own diverging colour scale (0 white) clipped at a
+    percentile of |value|, clipped cells outlined; `marked` (a boolean column) puts a dot on those cells."""
     df, order = _long(table, measures), _layer_order(table)
     roles = list(dict.fromkeys(table["role"]))
     chart = alt.hconcat(*[_panel(df, m, order, roles, marked) for m in measures]).resolve_scale(color="independent")

@@ -186,15 +186,20 @@ def _template_param(acc: pd.DataFrame) -> alt.Parameter:
     opts = sorted(acc.template.unique())
     return alt.param(name="prompt", value=opts[0], bind=alt.binding_select(options=opts, name="evaluation prompt "))
 
-def _with_plans(acc: pd.DataFrame, plans) -> pd.DataFrame:
-    "Only the runs that have any of `plans` (a run holding only reference plans gets no chart)."
-    return acc[acc.groupby("run")["plan"].transform(lambda p: p.isin(plans).any()).astype(bool)] if len(acc) else acc
+def _with_plans(acc: pd.DataFrame, plans, refs=()) -> pd.DataFrame:
+    "Only the runs that have one of `plans` other than the `refs` (a run holding only references gets no chart)."
+    own = [p for p in plans if p not in set(refs)] or list(plans)
+    if acc.empty: return acc
+    kept = acc[acc.groupby("run")["plan"].transform(lambda p: p.isin(own).any()).astype(bool)]
+    return _fill_runs(kept.drop(columns="run"))   # titles name a run id only if the kept runs need it
 
 def _by_run(acc: pd.DataFrame, make, title: str, subtitle=None, param=None):
     "One chart per run (from `make(run_acc, run_label)`), stacked, with a title; the template drop-down on top."
     runs = list(dict.fromkeys(acc.run))
     charts = [make(acc[acc.run == r], r) for r in runs]
-    chart = charts[0] if len(charts) == 1 else alt.vconcat(*charts, spacing=30)
+    # each run's block lays out its own categories: shared x/xOffset scales would size one block's groups by another's
+    chart = charts[0] if len(charts) == 1 else alt.vconcat(*charts, spacing=30).resolve_scale(x="independent",
+                                                                                              xOffset="independent")
     if callable(subtitle): subtitle = subtitle(acc[acc.run == runs[0]]) if len(runs) == 1 else None
     if len(charts) == 1: chart = chart.properties(title=alt.Title(f"{title} — {runs[0]}", subtitle=subtitle or ""))
     else: chart = chart.properties(title=alt.Title(title, subtitle=subtitle or "", anchor="start", fontSize=15))
@@ -213,7 +218,7 @@ _Y = dict(scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5,
 def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, templates: str = "facet",
               title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan"):
     "Bars of accuracy per plan (ordered as `plans`) and metric, bootstrap error bars, rules at the `refs` plans."
-    acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans)
+    acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans, refs)
     _need(acc, what, plans)
     metrics = [m for m in (metrics or metric_names(k)) if m in set(acc.metric)]
     acc = acc[acc.metric.isin(metrics)].assign(label=lambda d: d.plan.map(plan_label))

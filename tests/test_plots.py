@@ -114,6 +114,10 @@ def test_figures_notebook(tmp_path, results):
              "methods_pairs"]
     assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
         {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "tables.md", "run.json"}
+    for n in names:   # every PNG is a picture of a chart: a real size, and far more than a blank canvas compresses to
+        png = (out / f"{n}.png").read_bytes()
+        width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+        assert png[:4] == b"\x89PNG" and width >= 300 and height >= 150 and len(png) > 15_000, (n, width, height, len(png))
     record = json.loads((out / "run.json").read_text())
     assert record["synthetic_data"] is False and len(record["runs"]) == 2
     assert "SYNTHETIC" not in (out / "positions.svg").read_text()
@@ -170,3 +174,106 @@ def test_a_new_plan_family_is_one_edit():
         drawn = pd.DataFrame(list(d["datasets"].values())[0])
         assert set(drawn[drawn.position == "graft at M"].plan) == set(names)
     assert "movie_depth" not in plans.plan_groups()
+
+
+# ---- What a reader sees: every figure the sweeps draw, read back from Vega's rendered scene (tests/_figure_layout.py)
+from _figure_layout import scene, misplaced
+from dwg import recovery, localize_plots
+
+METHOD_PLANS = [p for p in plans.figure_order("methods") if p not in ("PRE", "SFT")]
+
+
+@pytest.fixture(scope="module")
+def sweep_runs(results):
+    "Results as an embedded sweep writes them: a position run, a methods run (with its own PRE/SFT), a component run."
+    pos = results[results.experiment == "positions"]
+    return pd.concat([pos[pos.plan.isin(METHOD_PLANS + ["PRE", "SFT"])].assign(run_id="graft_methods/m1", exact_match=None),
+                      pos[~pos.plan.isin(METHOD_PLANS)].assign(run_id="graft_positions/p1"),
+                      results[results.experiment == "components"].assign(run_id="graft_components/c1")],
+                     ignore_index=True)
+
+
+def _sweep_figures(df) -> dict:
+    "Every figure the figures notebook draws from `df` (accuracy, recovery and, with several settings, the overview)."
+    tables = plots.paper_tables(df, n_boot=30)
+    figs = plots.paper_figures(df, n_boot=30, tables=tables, verbose=False)
+    figs.update(recovery.recovery_figures(recovery.recovery_table(df, n_boot=30), ""))
+    if tables["pooled"][["model", "dataset"]].drop_duplicates().shape[0] > 1:
+        figs["overview"] = plots.overview_chart(tables["pooled"])
+    return figs
+
+
+# figure -> the category axes along which its marks must sit inside their band, and the marks checked
+READS = {"positions": [("x", "rect"), ("x", "rule")], "positions_all_prompts": [("x", "rect"), ("x", "rule")],
+         "movie_spans": [("x", "rect"), ("x", "rule")], "generation": [("x", "rect"), ("x", "rule")],
+         "components": [("x", "rect"), ("x", "rule")], "depth": [("x", "rect"), ("y", "rect")],
+         "methods": [("x", "symbol")], "positions_recovery": [("y", "rect")], "movie_spans_recovery": [("y", "rect")],
+         "components_recovery": [("y", "rect")], "depth_recovery": [("x", "rect"), ("y", "rect")],
+         "methods_recovery": [("x", "symbol")], "methods_pairs": [("y", "symbol")], "overview": [("x", "rect"), ("y", "rect")]}
+
+
+def _check_reads(name, chart):
+    "Every checked mark inside its category band in every panel that has that axis; returns the panels."
+    panels, _ = scene(chart)
+    assert panels, f"{name}: nothing drawn"
+    for axis, kind in READS[name]:
+        layer = "layer_1" if kind == "rule" else None   # rules: the error bars (layer 2 holds the reference lines)
+        checked = [p for p in panels if (p.x_labels if axis == "x" else p.y_labels) and p.items(kind, layer)]
+        assert checked, f"{name}: no panel with {kind} marks on a labelled {axis} axis"
+        for p in checked:
+            assert misplaced(p, kind, axis, layer) == [], f"{name}: {kind} marks outside their {axis} band"
+    return panels
+
+
+def test_position_figures_draw_the_position_run_only(sweep_runs):
+    """Figures 1 and 5 draw one block (the position run): a methods run holding only the PRE/SFT references is not a
+    position figure; bars and error bars sit in their plan's band; plans in order; both reference rules drawn."""
+    figs = _sweep_figures(sweep_runs)
+    order = [plots.plan_label(p) for p in plans.figure_order("positions")]
+    for name, metrics in [("positions", 2), ("positions_all_prompts", 2), ("generation", 2)]:
+        spec = figs[name].to_dict()
+        assert "vconcat" not in spec and "graft_methods" not in json.dumps(spec), f"{name}: the methods run is drawn"
+        panels = _check_reads(name, figs[name])
+        assert len(panels) == (1 if name == "positions_all_prompts" else 2)   # one panel per prompt, or pooled
+        for p in panels:
+            assert [t for t, _ in p.x_labels] == order
+            assert len(p.items("rect", "layer_0")) == len(order) * metrics
+            assert len(p.items("rule", "layer_2")) == 2 * metrics   # PRE and SFT, one rule per metric
+
+
+def test_each_run_lays_out_its_own_categories(results):
+    """Two position runs with different plan sets (the smaller one first): one block each, each block's bars inside
+    its own categories (a grouping offset shared across blocks spreads the bigger block's bars over several plans)."""
+    pos = results[results.experiment == "positions"]
+    few = ["PRE", "SFT", "FE", "LT"]
+    df = pd.concat([pos[pos.plan.isin(few)].assign(dataset="setting-a"), pos.assign(dataset="setting-b")], ignore_index=True)
+    for templates in ["facet", "pool"]:
+        chart = plots.position_chart(df, templates=templates, n_boot=30)
+        assert len(chart.to_dict()["vconcat"]) == 2
+        panels = _check_reads("positions", chart)
+        labels = {tuple(t for t, _ in p.x_labels) for p in panels}
+        assert labels == {tuple(few), tuple(plots.plan_label(p) for p in plans.figure_order("positions"))}
+
+
+def test_every_sweep_figure_reads(sweep_runs):
+    "Every figure of the figures notebook: marks inside their category bands, with a second setting for the overview."
+    second = sweep_runs.assign(dataset="other-facts", run_id=sweep_runs.run_id + "b")
+    figs = _sweep_figures(pd.concat([sweep_runs, second], ignore_index=True))
+    assert set(READS) <= set(figs) | {"positions"}
+    for name, chart in figs.items():
+        _check_reads(name, chart)
+
+
+def test_localisation_heatmaps_read():
+    "The localisation heatmaps: one rect per cell inside its layer and role bands; a huge cell is clipped, not the scale."
+    rng = np.random.default_rng(0)
+    rows = [dict(cell=f"{r}@{l}:{c}", role=r, layer=l, component=c, ig=float(rng.normal(0, .01)))
+            for c in ["q", "down"] for r in ["first_actor", "last_token", "other"] for l in range(6)]
+    rows.append(dict(cell="last_token@global:lm_head", role="last_token", layer="global", component="lm_head", ig=5.0))
+    t = pd.DataFrame(rows)
+    panels, titles = scene(localize_plots.cell_heatmaps(t, ["ig"]))
+    assert len(panels) == 3 and sum(len(p.items("rect", "layer_0")) for p in panels) == len(t)
+    for p in panels:
+        assert misplaced(p, "rect", "x", "layer_0") == [] and misplaced(p, "rect", "y", "layer_0") == []
+    outlined = [it for p in panels for it in p.items("rect", "layer_1")]
+    assert len(outlined) == 1 and any("outlined: 1 cell" in s for s in titles)

@@ -4,11 +4,12 @@
 
 # %% ../nbs/05d_cli.ipynb #619d2ece
 from __future__ import annotations
-import argparse, json, signal, sys, time
+import argparse, contextlib, json, signal, sys, time
 from pathlib import Path
 from .sweep import (SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
                        sweep_name, sweep_profiles, sweeps_under)
-from .runner import RunBusy, format_status, interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_redo
+from .runner import (NoSpace, RunBusy, SweepBusy, check_space, estimate_runs, format_status, interrupt_on_sigterm,
+                        remove_runs, run_from_graph, runs_to_redo, sweep_lock)
 from .local import fmt_seconds, run_local, stage_summary
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
@@ -36,7 +37,11 @@ def _run_parser(sub):
     r.add_argument("--notebooks", help="experiment notebooks directory (default nbs/experiments or $DWG_NOTEBOOKS)")
     r.add_argument("-j", "--jobs", type=int, help="local: runs at once (default: the sweep file's `jobs`, else 1)")
     r.add_argument("--slurm", action="store_true", help="submit to Slurm: one job array per stage")
-    r.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs, then print the status")
+    r.add_argument("--wait", action="store_true",
+                   help="another sweep running on the runs directory: wait for it to end (without --wait: exit 2); "
+                        "with --slurm also wait for the jobs, then print the status")
+    r.add_argument("--force", action="store_true",
+                   help="skip the free-space check (before the sweep starts and before each run)")
     for k, (typ, what) in _SLURM_OPTIONS.items():
         r.add_argument(f"--{k}", type=typ,
                        help=f"with --slurm: {what}, for every stage (overrides the sweep file's slurm:)")
@@ -73,23 +78,34 @@ def _which(args) -> str:
     return args.sweep or args.profile or "embedded"
 
 # %% ../nbs/05d_cli.ipynb #da914d8d
-def _prepare(args) -> tuple[dict, dict]:
-    "The checked graph of `run` and {key: state} of its runs, corrupt runs and their dependants removed."
-    sweep = load_sweep(_which(args))
-    graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
+def _check_space(args, graph: dict, todo: list) -> None:
+    "Estimate what the runs `todo` write (into the graph: each run checks again); too little space: `NoSpace`."
+    graph["space"], graph["check_space"] = estimate_runs(graph, todo), not args.force
+    at_once = len(todo) if args.slurm else (args.jobs or graph.get("jobs") or 1)   # Slurm may run them all at once
+    try: line = check_space(graph["runs_dir"], graph["space"], at_once)
+    except NoSpace as e:
+        if not args.force: raise
+        line = f"{str(e).splitlines()[0]} (--force: going on)"
+    print(f"dwg.sweep: {line}")
+
+def _prepare(args, graph: dict) -> dict:
+    "{key: state} of the graph's runs; their space checked; corrupt runs and their dependants removed."
     rd = Path(graph["runs_dir"])
     states = {r.key: run_state(rd, r) for r in graph_runs(graph)}
     redo = runs_to_redo(graph, states)
     done = sum(s == "done" for s in states.values()) - sum(states[r.key] == "done" for r in redo)
-    print(f"dwg.sweep: {sweep['name']} ({sweep['source']}): {len(states)} runs, {done} already done -> {rd}")
+    print(f"dwg.sweep: {graph['sweep']} ({graph['source']}): {len(states)} runs, {done} already done -> {rd}")
     for r in redo:
         why = "" if states[r.key] == "corrupt" else ", but it read a corrupt run"
         print(f"dwg.sweep: {r.key} ({r.label}) is {states[r.key]}{why}: "
               + ("it would be redone" if args.dry_run else "redoing it"))
+    redo_keys = {r.key for r in redo}
+    if (todo := [r for r in graph_runs(graph) if states[r.key] != "done" or r.key in redo_keys]):
+        _check_space(args, graph, todo)
     if redo and not args.dry_run:
         remove_runs(rd, redo)
         states.update({r.key: "pending" for r in redo})
-    return graph, states
+    return states
 
 def _run_slurm(args, graph: dict) -> int:
     "`run --slurm`: submit (or write the scripts), save the graph, optionally wait and print the status."
@@ -125,13 +141,16 @@ def _run_local(args, graph: dict) -> int:
     return 1 if failed else 0
 
 def cmd_run(args) -> int:
-    "`run`: validate everything, then run locally or submit."
+    "`run`: validate everything, hold the runs directory (one sweep at a time), check its space, run or submit."
     if args.slurm and not args.dry_run: require_sbatch()          # before anything is written or run
-    graph, states = _prepare(args)
-    if args.dry_run and not args.slurm:
-        for r in graph_runs(graph): print(f"  {r.key:32s} {states[r.key]:12s} {r.label}")
-        return 0
-    return _run_slurm(args, graph) if args.slurm else _run_local(args, graph)
+    sweep = load_sweep(_which(args))
+    graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
+    with contextlib.nullcontext() if args.dry_run else sweep_lock(graph["runs_dir"], wait=args.wait):
+        states = _prepare(args, graph)
+        if args.dry_run and not args.slurm:
+            for r in graph_runs(graph): print(f"  {r.key:32s} {states[r.key]:12s} {r.label}")
+            return 0
+        return _run_slurm(args, graph) if args.slurm else _run_local(args, graph)
 
 # %% ../nbs/05d_cli.ipynb #9779713e
 def cmd_status(args) -> int:
@@ -157,7 +176,7 @@ def main(argv=None) -> int:
     commands = {"run": cmd_run, "status": cmd_status, "show": cmd_show,
                 "run-one": lambda a: run_from_graph(a.graph, a.run, a.stage, a.index)}
     try: return commands[args.cmd](args)
-    except (SweepError, RunBusy, SlurmError) as e:
+    except (SweepError, RunBusy, SlurmError, SweepBusy, NoSpace) as e:
         print(f"dwg.sweep: error: {e}", file=sys.stderr)
         return 2
 

@@ -8,7 +8,8 @@ import ctypes, multiprocessing, os, signal, subprocess, sys, threading, time, tr
 from pathlib import Path
 from tqdm import tqdm
 from .sweep import STAGE_ORDER, graph_runs, is_done, run_paths, run_state, save_graph
-from .runner import ProgressNote, interrupt_on_sigterm, run_from_graph, running_text
+from .runner import (ProgressNote, interrupt_on_sigterm, process_alive, process_start, run_failure,
+                        run_from_graph, running_text)
 
 # %% auto #0
 __all__ = ['fmt_seconds', 'stage_summary', 'run_local']
@@ -26,29 +27,10 @@ def _child_env() -> dict:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
-def _proc_stat(pid: int) -> list[str] | None:
-    "Fields of /proc/<pid>/stat after the command name (Linux), or None."
-    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError): return None
-
-def _start_time(pid: int):
-    "The start time of process `pid` (Linux; None elsewhere), to tell it from a later process with the same pid."
-    st = _proc_stat(pid)
-    return st[19] if st else None
-
-def _alive(pid: int, start) -> bool:
-    "Whether process `pid` (started at `start`) still runs: not gone, not a zombie, not a new process with its pid."
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: pass
-    if start is None: return True
-    st = _proc_stat(pid)
-    return bool(st) and st[0] not in ("Z", "X") and st[19] == start
-
 def _watch_sweep(pid: int, start, every: float = 0.5):
     "A daemon thread that SIGTERMs this process when the sweep process `pid` is gone (however it died)."
     def watch():
-        while _alive(pid, start): time.sleep(every)
+        while process_alive(pid, start): time.sleep(every)
         os.kill(os.getpid(), signal.SIGTERM)
     threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
 
@@ -101,7 +83,7 @@ class _Child:
         self.proc = self.mp = None
         if (ctx := _forkserver()) is not None:
             from dwg import local   # the exported module: a picklable target, also when this runs in the notebook
-            args = (str(graph_path), key, str(log), _child_env(), os.getcwd(), os.getpid(), _start_time(os.getpid()))
+            args = (str(graph_path), key, str(log), _child_env(), os.getcwd(), os.getpid(), process_start(os.getpid()))
             self.mp = ctx.Process(target=local._run_child, args=args)
             self.mp.start()
         else:
@@ -155,12 +137,12 @@ def _child_state(runs_dir, r, proc: _Child) -> str:
     return "interrupted" if proc.poll() in (-15, -2, 130, 143) else "failed"
 
 def _report(runs_dir, r, state: str):
-    "A line about a run that did not finish."
+    "A line about a run that did not finish: why, and where its notebook and log are."
     if state == "busy":
         tqdm.write(f"dwg.sweep: {r.stage} {r.label} ({r.id}) is being executed by another process; not waiting for it")
     elif state != "done":
-        p = run_paths(runs_dir, r)
-        tqdm.write(f"dwg.sweep: {r.stage} {r.label} ({r.id}) {state}: see {p['notebook']} and {p['log']}")
+        p, why = run_paths(runs_dir, r), run_failure(runs_dir, r) or "no reason recorded"
+        tqdm.write(f"dwg.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p['notebook']} and {p['log']}")
 
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:
     "Execute a graph's runs locally, `jobs` at once (progress lines every `log_every` s in logs); {key: {state, ...}}."

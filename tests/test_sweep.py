@@ -111,6 +111,7 @@ def test_training_profile_content_is_in_the_id(tmp_path):
     (lambda d: d["slurm"].update(stages={"model": {"time": "1:00:00"}}), "slurm.stages: unknown key 'model'"),
     (lambda d: d["graft_positions"].update(plans=["FE", "FE+LTT"]), "unknown plan(s) 'FE+LTT'"),
     (lambda d: d["graft_components"].update(plans="everything"), "unknown plan(s) 'everything'"),
+    (lambda d: d["graft_components"].update(plans=["QQ:o+ffn@all"]), "unknown plan(s) 'QQ:o+ffn@all'. Known plans"),
     (lambda d: d["graft_positions"].update(plans=["LT:o+ffn@all"]), "need models ['relation', 'task']"),
     (lambda d: d["graft_positions"].update(templates=["nope"]), "unknown template(s) ['nope']"),
     (lambda d: d["datasets"]["fake4"].update(kind="fake"), "unknown kind 'fake'"),
@@ -294,6 +295,7 @@ def test_failed_run_is_reported_blocks_dependants_and_is_retried(tmp_path):
     assert st[bad]["state"] == "failed" and "stand-in failure" in st[bad]["error"]
     nb = Path(st[bad]["notebook"]); assert nb.is_file() and "stand-in failure" in nb.read_text()
     assert f"FAILED {bad}" in r.stdout and str(nb) in r.stdout
+    assert re.search(rf"graft_positions tiny-llama:d2 \({bad.split('/')[1]}\) failed: RuntimeError: stand-in failure", r.stdout)
     assert st[run_key(rd, "figures", "standin")]["state"] == "pending"
     assert {k for k, i in st.items() if i["state"] == "done"} == set(st) - {bad, run_key(rd, "figures", "standin")}
     status = sweep_cli("status", "--runs", rd)
@@ -341,7 +343,7 @@ def _wait_for(cond, timeout=120, every=0.05):
     raise AssertionError("timed out")
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT-group"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT-group", "SIGTERM"])
 def test_interrupted_sweep_resumes(tmp_path, how):
     """Kill a local sweep mid-way (SIGKILL of the sweep alone / Ctrl-C to the whole process group) and rerun: nothing
     finished is redone or lost, nothing half-written counts as done, and the interrupted training resumes."""
@@ -364,6 +366,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
         assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in runner.format_status(st_mid)
     finally:
         if how == "SIGKILL": proc.kill()
+        elif how == "SIGTERM": proc.terminate()
         else: os.killpg(proc.pid, signal.SIGINT)
         out = proc.communicate(timeout=60)[0].decode()
     partial = ck0.parent.parent                      # models/<id>.tmp
@@ -382,6 +385,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
     steps_before = (partial / "steps.log").read_text().split()
     r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert ("taking it over" in r.stderr) == (how == "SIGKILL"), r.stderr   # only a killed sweep leaves its lock
     assert {i["state"] for i in states(rd).values()} == {"done"}
     after = marker_snapshot(rd)
     assert {k: v for k, v in after.items() if k in snap} == snap          # finished runs untouched
@@ -411,3 +415,100 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     from dwg.plans import paper_plans, expand_plans
     assert {k[1] for k in table} == set(paper_plans()) | set(expand_plans(["methods_grid"], 4))
     print(f"smoke took {took:.0f}s")
+
+
+# --- free space, full disks, one sweep per runs directory ----------------------------------------------------------
+def test_too_little_space_stops_before_the_first_run(tmp_path, monkeypatch, capsys):
+    """The free-space call patched to 30 MB: the stand-in graph (tiny-llama fine-tunes, ~40 MB checkpoints) stops
+    before its first run with exit 2, naming the sizes and the fixes, and writes nothing; --force goes on."""
+    from dwg import cli
+    nbs, sweep = standin_setup(tmp_path)
+    rd = tmp_path / "runs"
+    monkeypatch.setattr(runner, "free_space", lambda path: 30_000_000)
+    args = ["run", "--sweep", str(sweep), "--runs", str(rd), "--notebooks", str(nbs), "--no-progress"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "Not enough free space: 10 run(s) to do need about" in err and "30.0 MB free in" in err, err
+    assert "  models: " in err and "checkpoints of" in err and "--runs DIR" in err and "--force" in err, err
+    assert not rd.exists()
+    assert cli.main(args + ["--dry-run", "--force"]) == 0
+    assert "(--force: going on)" in capsys.readouterr().out
+
+
+def test_each_run_checks_the_space_in_its_job(tmp_path, monkeypatch, capsys):
+    """`run-one` (what a Slurm job runs) checks its run's estimate against the free space before it starts: too little
+    fails the run at once, its reason naming the sizes; status shows it."""
+    nbs, sweep = standin_setup(tmp_path)
+    rd = tmp_path / "runs"
+    graph = sw.make_graph(str(sweep), rd, nbs)
+    graph["space"] = runner.estimate_runs(graph, sw.graph_runs(graph))
+    path = sw.save_graph(graph)
+    first = sw.graph_runs(graph)[0]
+    monkeypatch.setattr(runner, "free_space", lambda path: 1_000_000)
+    assert runner.run_from_graph(path, first.key) == 1
+    assert f"{first.key}: failed: NoSpace: this run needs about 5.0 MB (datasets), 1.0 MB is free" in capsys.readouterr().out
+    item = next(i for i in runner.status(rd)["datasets"] if i["key"] == first.key)
+    assert item["state"] == "failed" and item["error"].startswith("NoSpace: this run needs about 5.0 MB"), item
+
+
+def test_full_disk_reason_on_console_and_in_status(tmp_path):
+    """On a 3 MB file system (a tmpfs in a private mount namespace) a stand-in fine-tune writing 1.5 MB checkpoints
+    fails (the sweep is forced past the space check): the console line and `status` both give the reason, the run is
+    FAILED (not INTERRUPTED), and nothing is published half-way."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no user and mount namespaces here (unshare -rm) to mount a small file system")
+    one = dict(d1=STANDIN_SWEEP["datasets"]["d1"])
+    nbs, sweep = standin_setup(tmp_path, datasets=one, graft_components=False)
+    nb = json.loads((nbs / "train.ipynb").read_text())
+    body = nb["cells"][3]["source"]
+    nb["cells"][3]["source"] = body.replace("ck.write_text(str(step))", 'ck.write_text(str(step) + " " * 1_500_000)')
+    assert nb["cells"][3]["source"] != body
+    (nbs / "train.ipynb").write_text(json.dumps(nb))
+    small = tmp_path / "small"
+    small.mkdir()
+    rd = small / "runs"
+    py = f"{sys.executable} -m dwg.cli"
+    script = (f"mount -t tmpfs -o size=3m tmpfs {small} && {py} run --sweep {sweep} --runs {rd} --notebooks {nbs} "
+              f"--no-progress --force; echo exit $?; echo ====; {py} status --runs {rd}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}; env.pop("IN_TEST", None)
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=600)
+    run, status = r.stdout.split("====")
+    assert "exit 1" in run, r.stdout + r.stderr
+    reason = "OSError: [Errno 28] No space left on device"
+    assert re.search(rf"dwg.sweep: models tiny-llama:d1:sft \(\w+\) failed: {re.escape(reason)}; see ", run), run
+    assert re.search(rf"FAILED models/\w+ \(tiny-llama:d1:sft\): {re.escape(reason)}", status), status
+    assert "INTERRUPTED" not in status and "run.json" not in status
+
+
+def test_second_sweep_on_a_runs_directory(tmp_path):
+    """A second sweep on a runs directory another sweep is running on exits 2 at once, naming it (host, pid, start
+    time) and changing nothing; with --wait it waits for it, then finds every run done."""
+    nbs, sweep = standin_setup(tmp_path, graft_components=False)
+    rd = tmp_path / "runs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "2.0"}; env.pop("IN_TEST", None)
+    first = subprocess.Popen([sys.executable, "-m", "dwg.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks",
+                              nbs, "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        lock = rd / ".sweep" / "sweep.lock"
+        _wait_for(lambda: lock.is_file() and lock.read_text() and (rd / "sweep.json").is_file())
+        before = {k: i["state"] for k, i in states(rd).items()}
+        t0 = time.time()
+        r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
+        assert r.returncode == 2 and time.time() - t0 < 60, r.stdout + r.stderr
+        host = os.uname().nodename
+        assert f"Another sweep is running on {rd}: pid {first.pid} on {host}, started " in r.stderr, r.stderr
+        assert r.stderr.count("Another sweep") == 1 and "--wait" in r.stderr and r.stdout == "", r.stdout + r.stderr
+        assert not any(i["state"] == "failed" for i in states(rd).values())   # it started nothing, marked nothing
+        assert set(before) == set(states(rd))
+        assert first.poll() is None   # still running: the next sweep has to wait for it
+        w = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress", "--wait")
+        assert w.returncode == 0, w.stdout + w.stderr
+        assert f"waiting for the sweep running on {rd} to finish: pid {first.pid} on {host}" in w.stderr, w.stderr
+        n = len(before)
+        assert f"{n} runs, {n} already done" in w.stdout, w.stdout   # it started once the first had finished
+    finally:
+        out = first.communicate(timeout=300)[0]
+    assert first.returncode == 0, out
+    assert {i["state"] for i in states(rd).values()} == {"done"}

@@ -188,15 +188,14 @@ def _template_param(acc: pd.DataFrame) -> alt.Parameter:
 
 def _with_plans(acc: pd.DataFrame, plans, refs=()) -> pd.DataFrame:
     "Only the runs that have one of `plans` other than the `refs` (a run holding only references gets no chart)."
-    own = [p for p in plans if p not in set(refs)] or list(plans)
-    if acc.empty: return acc   # titles name a run id only if the kept runs need it:
+    if acc.empty: return acc
+    own = [p for p in plans if p not in set(refs)] or list(plans)   # relabelled: a title names a run id only if needed
     return _fill_runs(acc[acc.groupby("run")["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run"))
 
 def _by_run(acc: pd.DataFrame, make, title: str, subtitle=None, param=None):
-    "One chart per run (from `make(run_acc, run_label)`), stacked, with a title; the template drop-down on top."
+    "One chart per run (from `make(run_acc, run_label)`), stacked, each laying out its own categories, with a title."
     runs = list(dict.fromkeys(acc.run))
     charts = [make(acc[acc.run == r], r) for r in runs]
-    # each run's block lays out its own categories: shared x/xOffset scales would size one block's groups by another's
     chart = charts[0] if len(charts) == 1 else alt.vconcat(*charts, spacing=30).resolve_scale(x="independent", xOffset="independent")
     if callable(subtitle): subtitle = subtitle(acc[acc.run == runs[0]]) if len(runs) == 1 else None
     if len(charts) == 1: chart = chart.properties(title=alt.Title(f"{title} — {runs[0]}", subtitle=subtitle or ""))

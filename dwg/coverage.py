@@ -7,16 +7,15 @@ from __future__ import annotations
 import copy, inspect, re, signal, sys, time
 from collections import Counter
 import torch
-from torch.func import functional_call
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from .arch import unsupported_reason
 from .graft import architecture, graft, graftable, resolve_components
 
 # %% auto #0
-__all__ = ['TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'DEFINITIONS_DIFFER', 'causal_lm_types',
-           'tiny_config', 'tiny_random', 'perturbed', 'layer_prefix', 'reference_last_logits', 'checked_components',
-           'check_family', 'markdown_table', 'main']
+__all__ = ['TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'REFERENCE_PARAMS', 'DEFINITIONS_DIFFER',
+           'causal_lm_types', 'tiny_config', 'tiny_random', 'perturbed', 'layer_prefix', 'reference_last_logits',
+           'checked_components', 'check_family', 'markdown_table', 'main']
 
 # %% ../nbs/02c_coverage.ipynb #21b8931e
 TINY_SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -70,6 +69,32 @@ def perturbed(model, seed: int = 1, scale: float = 0.3):
     return donor
 
 # %% ../nbs/02c_coverage.ipynb #9103ba8a
+_LLAMA_PARTS = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
+                    gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj")
+_LLAMA_MODEL = dict(embed="model.embed_tokens", ln_final="model.norm", lm_head="lm_head")
+REFERENCE_PARAMS = {   # model type -> the modules (global, or `parts` in a layer) whose parameters each canonical name owns
+    "llama": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
+    "gemma": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
+    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),   # OLMo 1's layer norms have no weights
+    "gemma2": dict(**_LLAMA_MODEL, parts=dict(    # pre- and post-norms around both blocks
+        **_LLAMA_PARTS, ln1="input_layernorm", ln_post_attn="post_attention_layernorm",
+        ln2="pre_feedforward_layernorm", ln_post_ffn="post_feedforward_layernorm")),
+    "olmo2": dict(**_LLAMA_MODEL, parts=dict(     # norms on the blocks' outputs, and on queries and keys
+        **_LLAMA_PARTS, ln1="post_attention_layernorm", ln2="post_feedforward_layernorm",
+        q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")),
+    "gpt2": dict(embed="transformer.wte", pos_embed="transformer.wpe", ln_final="transformer.ln_f", lm_head="lm_head",
+                 conv1d=True, parts=dict(
+                     q=("attn.c_attn", "thirds", 0), k=("attn.c_attn", "thirds", 1), v=("attn.c_attn", "thirds", 2),
+                     o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", ln1="ln_1", ln2="ln_2")),
+    "gpt_neox": dict(embed="gpt_neox.embed_in", ln_final="gpt_neox.final_layer_norm", lm_head="lm_head", parts=dict(
+        q=("attention.query_key_value", "head_thirds", 0), k=("attention.query_key_value", "head_thirds", 1),
+        v=("attention.query_key_value", "head_thirds", 2), o="attention.dense", up="mlp.dense_h_to_4h",
+        down="mlp.dense_4h_to_h", ln1="input_layernorm", ln2="post_attention_layernorm")),
+}
+_REFERENCE_GROUPS = {"attn": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down")}
+_GLOBAL = ("embed", "pos_embed", "ln_final", "lm_head")
+_EXPERT = re.compile(r"(.+)\.(\d+)")   # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+
 def layer_prefix(model) -> str:
     "The parameter-name prefix of the decoder layers: the one followed by every layer index."
     n = model.config.get_text_config().num_hidden_layers
@@ -79,46 +104,99 @@ def layer_prefix(model) -> str:
     prefixes = Counter(p for p, _ in seen)
     return next(p for p, c in prefixes.most_common() if c == n)
 
-def _swapped(name: str, mine: torch.Tensor, theirs: torch.Tensor, comp: str, prefix: str, layers) -> torch.Tensor | None:
-    "The parameter `name` with the donor's values where component `comp` of `layers` covers it, else None."
-    m = re.fullmatch(r"(.+)\.(\d+)", comp)
-    for i in layers:
-        at = f"{prefix}.{i}."
-        if not name.startswith(at): continue
-        rel = name[len(at):].rsplit(".", 1)
-        if len(rel) == 2 and rel[0] == comp: return theirs
-        if m and len(rel) == 2 and rel[0] == m[1] and mine.dim() >= 2 and mine.shape[0] > int(m[2]):
-            out = mine.clone(); out[int(m[2])] = theirs[int(m[2])]; return out
-    return None
+def _expanded(model, components) -> list[str]:
+    "Component names, with the groups `attn` / `ffn` spelled out by `REFERENCE_PARAMS` (its model types only)."
+    parts = REFERENCE_PARAMS.get(model.config.model_type, {}).get("parts")
+    names = [components] if isinstance(components, str) else list(components)
+    if parts is None and (bad := [c for c in names if c in _REFERENCE_GROUPS]):
+        raise ValueError(f"The reference knows the groups {bad} only for {', '.join(REFERENCE_PARAMS)}. Fix: name the "
+                         f"modules of this {model.config.model_type} model by their paths in a layer.")
+    return [n for c in names for n in ([p for p in _REFERENCE_GROUPS[c] if p in parts] if c in _REFERENCE_GROUPS else [c])]
 
-def _hybrid_params(recipient, grafts: list, t: int, exclude: set) -> dict:
-    "The parameters (by name, tied ones apart) of the recipient at token `t`: the donor's where a graft covers it."
+def _modules_of(model, comp: str, layers: list[int], prefix: str) -> list[tuple[str, object]]:
+    """(module path, which values of its parameters: None for all, a fused part, or ('expert', E)) that component
+    `comp` names: a name of `REFERENCE_PARAMS`, `embed` / `lm_head`, a module path in a layer, or `PATH.E`."""
+    spec = REFERENCE_PARAMS.get(model.config.model_type, {})
+    if comp in _GLOBAL and comp in spec: return [(spec[comp], None)]
+    if comp in ("embed", "lm_head"):
+        end = model.get_input_embeddings() if comp == "embed" else model.get_output_embeddings()
+        return [(p, None) for p, m in model.named_modules(remove_duplicate=False) if m is end]
+    at = [f"{prefix}.{i}." for i in layers]
+    if comp in spec.get("parts", {}):
+        path, *part = (spec["parts"][comp],) if isinstance(spec["parts"][comp], str) else spec["parts"][comp]
+        return [(a + path, tuple(part) or None) for a in at]
+    expert = _EXPERT.fullmatch(comp)
+    return [(a + comp, None) for a in at] + ([(a + expert[1], ("expert", int(expert[2]))) for a in at] if expert else [])
+
+def _graft_targets(model, graft: tuple, prefix: str, owners: dict, exclude: set) -> list[tuple[list, object]]:
+    "(parameter names, which values) that one graft (donor, mask, layers, components) swaps; an error if a component names none."
+    _, _, layers, comps = graft
+    n = model.config.get_text_config().num_hidden_layers
+    idx = range(n) if layers == "all" else sorted({i % n for i in ([layers] if isinstance(layers, int) else layers)})
+    out = []
+    for comp in _expanded(model, comps):
+        if comp == "all": out.append(([k for ks in owners.values() for k in ks if k not in exclude], None)); continue
+        found = [(owners[path], what) for path, what in _modules_of(model, comp, list(idx), prefix) if path in owners]
+        if not found: raise ValueError(f"The reference finds no parameter of component '{comp}' in this "
+                                       f"{model.config.model_type} model (layers {list(idx)}). Fix: a module path in a "
+                                       "layer, PATH.E, embed, lm_head, all, or a canonical name of REFERENCE_PARAMS.")
+        out += found
+    return out
+
+# %% ../nbs/02c_coverage.ipynb #259187b5
+def _part_rows(n_out: int, part: tuple, n_heads: int) -> torch.Tensor:
+    "Output indices of a fused projection that belong to `part` (('thirds', i) or ('head_thirds', i))."
+    kind, i = part
+    idx = torch.arange(n_out)
+    return idx[i * n_out // 3:(i + 1) * n_out // 3] if kind == "thirds" else idx.view(n_heads, 3, -1)[:, i].reshape(-1)
+
+def _taken(model, mine: torch.Tensor, theirs: torch.Tensor, what) -> torch.Tensor | None:
+    "`mine` with the donor's values `theirs` where `what` says (None: all; a fused part: its rows; ('expert', E)), or None."
+    if what is None: return theirs
+    if what[0] == "expert":
+        if mine.dim() < 2 or mine.shape[0] <= what[1]: return None
+        out = mine.clone(); out[what[1]] = theirs[what[1]]; return out
+    conv1d = REFERENCE_PARAMS.get(model.config.model_type, {}).get("conv1d", False)
+    dim = 1 if conv1d and mine.dim() == 2 else 0   # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
+    rows = _part_rows(mine.shape[dim], what, model.config.get_text_config().num_attention_heads)
+    return mine.index_copy(dim, rows, theirs.index_select(dim, rows))
+
+def _params_at(recipient, grafts: list, targets: list, t: int) -> dict:
+    "The recipient's parameters by name (tied ones apart) at token `t`: the donor's where a graft covers it, in order."
     params = dict(recipient.named_parameters(remove_duplicate=False))
-    ends = {"embed": recipient.get_input_embeddings(), "lm_head": recipient.get_output_embeddings()}
-    prefix, n = layer_prefix(recipient), recipient.config.get_text_config().num_hidden_layers
-    for don, mask, layers, comps in grafts:
+    for (donor, mask, _, _), swaps in zip(grafts, targets):
         if not mask[t]: continue
-        theirs = dict(don.named_parameters(remove_duplicate=False))
-        for name in list(params):
-            for comp in comps:
-                if comp == "all" and name not in exclude: params[name] = theirs[name]
-                elif comp in ends:
-                    mod = name.rsplit(".", 1)[0]
-                    if recipient.get_submodule(mod) is ends[comp]: params[name] = theirs[name]
-                elif (new := _swapped(name, params[name], theirs[name], comp, prefix,
-                                      range(n) if layers == "all" else layers)) is not None: params[name] = new
+        theirs = dict(donor.named_parameters(remove_duplicate=False))
+        for names, what in swaps:
+            for name in names:
+                if (new := _taken(recipient, params[name], theirs[name], what)) is not None: params[name] = new
     return params
 
+def _slots(model) -> dict:
+    "Parameter name (tied ones apart) -> (the module holding it, its attribute name there)."
+    return {n: (model.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
+            for n, _ in model.named_parameters(remove_duplicate=False)}
+
 @torch.no_grad()
-def reference_last_logits(recipient, grafts: list, input_ids: torch.Tensor, exclude: set = frozenset()) -> torch.Tensor:
-    "Last-position logits of one unpadded sequence, with `grafts` = [(donor, mask (seq,), layers, components)]."
-    cache, takes_positions = None, "position_ids" in inspect.signature(recipient.forward).parameters
+def reference_last_logits(recipient, grafts: list, input_ids: torch.Tensor, exclude: set = frozenset(),
+                          copy_per_token: bool = False) -> torch.Tensor:
+    """Last-position logits of one unpadded sequence, with `grafts` = [(donor, mask (seq,), layers, components)] applied
+    in order (a later one wins where two cover a parameter), token by token: the original grafting algorithm. Each step
+    runs a deep copy of the recipient holding that token's parameters (the recipient is never touched); with
+    `copy_per_token` a fresh copy per token, as the original implementation made (same logits: the benchmark's cost)."""
+    prefix, owners = layer_prefix(recipient), {}
+    for name, _ in recipient.named_parameters(remove_duplicate=False):
+        owners.setdefault(name.rpartition(".")[0], []).append(name)
+    targets = [_graft_targets(recipient, g, prefix, owners, exclude) for g in grafts]
+    cache, hybrid, takes_positions = None, None, "position_ids" in inspect.signature(recipient.forward).parameters
     for t in range(len(input_ids)):
+        if copy_per_token or hybrid is None: hybrid = copy.deepcopy(recipient); slots = _slots(hybrid)
+        for name, p in _params_at(recipient, grafts, targets, t).items():
+            module, leaf = slots[name]; module._parameters[leaf] = p
         kw = dict(input_ids=input_ids[None, t:t + 1], past_key_values=cache, use_cache=True,
                   attention_mask=torch.ones(1, t + 1, dtype=torch.long))
         if takes_positions: kw["position_ids"] = torch.tensor([[t]])
-        out = functional_call(recipient, _hybrid_params(recipient, grafts, t, exclude), (), kw, tie_weights=False,
-                              strict=False)
+        out = hybrid(**kw)
         cache = out.past_key_values
     return out.logits[0, -1].float()
 

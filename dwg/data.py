@@ -437,7 +437,7 @@ def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
 
 # %% ../nbs/01_data.ipynb #045ed60f
 def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: bool = True) -> dict[str, list[int]]:
-    "Token indices of each field span in `prompt` (offset-mapping overlap), plus `last`: the final token."
+    "Token indices of each field span in `prompt` (offset-mapping overlap)."
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("token_positions needs a fast tokenizer (return_offsets_mapping); load it with use_fast=True.")
     enc = tokenizer(prompt, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
@@ -447,5 +447,4 @@ def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: boo
         idx = [i for i, (s, e) in enumerate(offsets) if s < b and e > a and e > s]
         if not idx: raise ValueError(f"No token of {prompt!r} overlaps field '{field}' span [{a}, {b}].")
         out[field] = idx
-    out["last"] = [len(offsets) - 1]
     return out

@@ -24,11 +24,16 @@ __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batche
            'evaluate_plans', 'summarize', 'adapter_roles', 'select_examples', 'run_grafting']
 
 # %% ../nbs/03_evaluate.ipynb #8dc1e565
+def _pad_id(tokenizer) -> int:
+    """The token id that fills padding: the tokenizer's pad token, else its eos token (what `dwg.models.load` sets),
+    else 0. Any id will do: padding is masked out. The tokenizer itself is left as it is."""
+    return next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+
 def encode(tokenizer, prompts: list[str], device=None) -> dict:
     "Tokenize `prompts` with left padding and explicit position ids; keep each prompt's char offsets and pad count."
     encs = [tokenizer(p, return_offsets_mapping=True) for p in prompts]
     width = max(len(e["input_ids"]) for e in encs)
-    pad = tokenizer.pad_token_id
+    pad = _pad_id(tokenizer)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, e in enumerate(encs):
@@ -240,11 +245,26 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     return [r for p in plans for r in rows[p.name]]
 
 # %% ../nbs/03_evaluate.ipynb #5bdd0a84
+def _check_summary_rows(df: pd.DataFrame, ok: pd.DataFrame, by: list[str]):
+    "Raise, naming what is missing, unless the rows give a summary: `by` keys in every row, rank and prob, a scored row."
+    if df.empty: raise ValueError("summarize got no rows. Fix: pass the rows of evaluate_plans (or score_plan).")
+    missing = [k for k in by if k not in df or df[k].isna().any()]
+    missing += [k for k in ("rank", "prob") if k not in ok and not ok.empty]
+    if missing:
+        raise ValueError(f"summarize needs the key(s) {missing} in every row, but the rows lack them (they have "
+                         f"{', '.join(map(str, df.columns))}). Fix: add them to the rows, or group by keys they have "
+                         "(by=...).")
+    if ok.empty:
+        why = sorted(set(df["skip_reason"].dropna())) if "skip_reason" in df else []
+        raise ValueError(f"summarize: all {len(df)} rows are skipped ({'; '.join(why) or 'no reason given'}): there is "
+                         "nothing to score. Fix: use positions the prompts have, or prompts that have them.")
+
 def summarize(rows, ks=(1, 5), by=("plan", "template")):
     "A pandas table of top-k accuracy, mean target probability and counts (n, skipped) per `by` group."
     df = pd.DataFrame(rows)
     if "skipped" not in df: df["skipped"] = False
     ok = df[~df["skipped"].astype(bool)]
+    _check_summary_rows(df, ok, list(by))
     g = ok.groupby(list(by), sort=False)
     out = pd.DataFrame({f"top{k}": g["rank"].apply(lambda r, k=k: float((r < k).mean())) for k in ks})
     out["mean_prob"] = g["prob"].mean()

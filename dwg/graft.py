@@ -5,7 +5,7 @@
 # %% ../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
 from contextlib import contextmanager
-import inspect, re
+import inspect, re, weakref
 import torch
 from .arch import blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
     n_experts, norm_roles, part_rows, position_axes, unsupported_reason
@@ -13,7 +13,7 @@ from .lora import as_donor
 
 # %% auto #0
 __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'architecture', 'layer_groups', 'resolve_layers', 'graftable',
-           'resolve_components', 'check_compatible', 'graft']
+           'resolve_components', 'check_compatible', 'aligned_mask', 'as_mask', 'check_batch_hook', 'graft']
 
 # %% ../nbs/02_graft.ipynb #1d00f5b4
 GLOBAL_COMPONENTS = ("embed", "pos_embed", "ln_final", "lm_head")
@@ -40,16 +40,19 @@ def _discover(model) -> dict:
                 experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
                 not_per_position=unused)
 
+_ARCHS = weakref.WeakKeyDictionary()   # model -> (its config's identity and type, what `_discover` found)
+
 def architecture(model) -> dict:
     """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
-    or (path, fused part)) and blocks, found from the model itself (cached on it); a clear error if unsupported."""
+    or (path, fused part)) and blocks, found from the model itself (cached per model, never on it); a clear error if
+    unsupported."""
     key = (id(model.config), model.config.model_type)
-    cached = model.__dict__.get("_dwg_arch")
+    cached = _ARCHS.get(model)
     if cached is None or cached[0] != key:
         found = _discover(model)
         layer = {k: p if part is None else (p, part) for k, (p, part) in found["names"].items()}
         found.update(layer=layer, **{k: found["globals"][k] for k in ("ln_final", "pos_embed") if k in found["globals"]})
-        model.__dict__["_dwg_arch"] = cached = (key, found)
+        _ARCHS[model] = cached = (key, found)
     return cached[1]
 
 # %% ../nbs/02_graft.ipynb #0e10aaa5
@@ -176,7 +179,7 @@ def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
                          "make the mask (batch, seq) like input_ids.")
     return mask[:, mask.shape[1] - t:].to(device)
 
-def _aligned(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def aligned_mask(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     "The part of `mask` for an input of shape (batch, seq, ...)."
     return _aligned_to(mask, x.shape[0], x.shape[1], x.device)
 
@@ -205,7 +208,8 @@ class _Pass:
     """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
     padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
     split of each set of masks, worked out once per pass, and the rows gathered from the last input (q, k and v read
-    the same input, as do gate and up). Installed on the recipient with its first graft, removed with its last."""
+    the same input, as do gate and up). Made with the recipient's first graft and dropped with its last (kept in
+    `_PASSES`, never on the recipient)."""
     def __init__(self, model):
         self.users, self.live, self.tokens, self.splits, self.gathered = 0, None, None, None, (None, -1, {})
         self.handles = [model.register_forward_pre_hook(self.start, with_kwargs=True),
@@ -374,32 +378,37 @@ class _ExpertSplice:
         return out
 
 # %% ../nbs/02_graft.ipynb #b952e7c1
+_SPLICES = weakref.WeakKeyDictionary()   # grafted module -> its `_Splice` / `_ExpertSplice`, while a graft uses it
+_PASSES = weakref.WeakKeyDictionary()    # recipient model -> its `_Pass`, while a graft uses it
+
 def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axes: tuple = (1, 1)):
     "Register a graft entry on `module` (installing its hooks on first use)."
-    sp = module.__dict__.get("_dwg_splice") or module.__dict__.setdefault("_dwg_splice", kind(module, forward_pass, axes))
+    sp = _SPLICES.get(module)
+    if sp is None: sp = _SPLICES[module] = kind(module, forward_pass, axes)
     sp.entries.append(entry)
 
 def _remove_splice(module, entry):
     "Unregister a graft entry; remove the hooks when none is left."
-    sp = module.__dict__.get("_dwg_splice")
+    sp = _SPLICES.get(module)
     if sp is None: return
     sp.entries = [e for e in sp.entries if e is not entry]
     if not sp.entries:
         for h in sp.handles: h.remove()
-        del module.__dict__["_dwg_splice"]
+        del _SPLICES[module]
 
 def _enter_pass(model) -> _Pass:
     "The recipient's `_Pass`, installed on first use."
-    p = model.__dict__.get("_dwg_pass") or model.__dict__.setdefault("_dwg_pass", _Pass(model))
+    p = _PASSES.get(model)
+    if p is None: p = _PASSES[model] = _Pass(model)
     p.users += 1
     return p
 
 def _exit_pass(model):
     "Release the recipient's `_Pass`; remove its hooks when no graft uses it."
-    p = model.__dict__["_dwg_pass"]; p.users -= 1
+    p = _PASSES[model]; p.users -= 1
     if not p.users:
         for h in p.handles: h.remove()
-        del model.__dict__["_dwg_pass"]
+        del _PASSES[model]
 
 # %% ../nbs/02_graft.ipynb #5731c76a
 def _where(arch: dict, name: str) -> tuple[str, object]:
@@ -424,13 +433,13 @@ def _targets(recipient, donor, layers, components) -> list[tuple]:
                         arch["axes"][path]))
     return out
 
-def _as_mask(mask) -> torch.Tensor:
+def as_mask(mask) -> torch.Tensor:
     "A bool (batch, seq) tensor, or a clear error."
     mask = torch.as_tensor(mask)
     if mask.dim() != 2: raise ValueError(f"Graft mask must be (batch, seq) like input_ids; got shape {tuple(mask.shape)}.")
     return mask.bool()
 
-def _check_batch(mask):
+def check_batch_hook(mask):
     "A forward pre-hook on the whole model that checks input_ids against the mask."
     def hook(module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -445,14 +454,14 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     `donor`: a model, or a LoRA adapter (directory or PeftModel, see `dwg.lora`): the recipient's modules plus its deltas."""
     donor = as_donor(recipient, donor)
     check_compatible(recipient, donor)
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
-    check = recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True)
+    check = recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True)
     forward_pass, added = _enter_pass(recipient), []
     try:
         for r, d, part, axes in targets:
             if d is r:   # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
-                if "_dwg_splice" not in r.__dict__: continue
+                if r not in _SPLICES: continue
                 d = r.forward   # the module without its graft hooks
             experts = isinstance(part, tuple)
             entry = (d, mask, part[1] if experts else part)

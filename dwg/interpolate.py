@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call, jvp
+from .arch import is_norm
 from .data import FIELDS
 from .graft import GLOBAL_COMPONENTS, architecture, check_compatible, graftable, resolve_components, resolve_layers
 from .lora import DonorView, LoraModule, as_donor
@@ -152,7 +153,7 @@ class _Site:
 
     def __post_init__(self):
         self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
-        self.norm = self.kind == "outputs" and _is_norm(self.recipient)
+        self.norm = self.kind == "outputs" and is_norm(self.recipient)   # affine in its parameters? `_moved_norm` checks
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
@@ -178,10 +179,6 @@ class _Site:
                 if n in rec: torch.add(rec[n], d, alpha=a, out=out)
                 else: torch.mul(d, a, out=out)
         return self.linear({**rec, **moved})
-
-def _is_norm(module: nn.Module) -> bool:
-    "A normalisation layer (by its class name): its output is affine in its parameters, as `_moved_norm` checks."
-    return "Norm" in type(module).__name__
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
     "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
@@ -209,7 +206,7 @@ def _sites(grid: Grid, recipient, donor) -> list[_Site]:
                                      "output; merge the adapter (peft's merge_and_unload) and localise the merged model.")
                 if id(r) in seen: continue   # a fused module: once
                 seen.add(id(r))
-                diff = _weight_diff(r, d) if kind != "outputs" or _is_norm(r) else None   # a norm's: a few numbers
+                diff = _weight_diff(r, d) if kind != "outputs" or is_norm(r) else None   # a norm's: a few numbers
                 out.append(_Site(r, d, kind, cells, diff, scratch, axis=axes[0]))
     return out
 

@@ -4,12 +4,12 @@
 
 # %% ../nbs/02b_patch.ipynb #eb4c3c86
 from __future__ import annotations
-import copy
+import copy, weakref
 from contextlib import contextmanager
 import torch
 from .arch import part_rows
 from .lora import is_lora_donor
-from .graft import _aligned, _as_mask, _check_batch, architecture, check_compatible, resolve_layers
+from .graft import aligned_mask, architecture, as_mask, check_batch_hook, check_compatible, resolve_layers
 
 # %% auto #0
 __all__ = ['SITES', 'model_sites', 'resolve_sites', 'patch']
@@ -91,7 +91,7 @@ def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, obje
 
 def _spliced(x: torch.Tensor, donor_x: torch.Tensor, mask: torch.Tensor, cols) -> torch.Tensor:
     "`x` with the donor's values at the masked positions (only columns `cols` of a fused projection)."
-    m = _aligned(mask, x).view(*x.shape[:2], *([1] * (x.dim() - 2)))
+    m = aligned_mask(mask, x).view(*x.shape[:2], *([1] * (x.dim() - 2)))
     new = torch.where(m, donor_x.to(x.dtype), x)
     if cols is None: return new
     cols = cols.to(x.device)
@@ -102,7 +102,7 @@ def _replace_first(out, value):
     return (value, *out[1:]) if isinstance(out, tuple) else value
 
 # %% ../nbs/02b_patch.ipynb #ce529c0d
-_DONOR_CACHES = "_dwg_donor_caches"   # attribute of a recipient's KV cache: the donors' caches of the same tokens
+_DONOR_CACHES = weakref.WeakKeyDictionary()   # a recipient's KV cache -> {id(donor): the donor's cache of the same tokens}
 
 def _inputs_key(args: tuple, kwargs: dict) -> tuple:
     "What identifies a forward's inputs: each tensor's storage, shape and version, and every other value."
@@ -131,7 +131,7 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None):
             state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
             return
         if cache is not None:   # a continued sequence: the donor continues its own cache of the same tokens
-            paired = getattr(cache, _DONOR_CACHES, {}).get(id(donor))
+            paired = _DONOR_CACHES.get(cache, {}).get(id(donor))
             if paired is None:
                 raise ValueError("patch: this forward continues a KV cache (past_key_values) that was not made inside "
                                  "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
@@ -142,10 +142,10 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None):
     return hook
 
 def _pair_caches(donor, state: dict):
-    "A forward hook on the recipient: attach the donor's KV cache to the recipient's, so generation can continue both."
+    "A forward hook on the recipient: pair the donor's KV cache with the recipient's, so generation can continue both."
     def hook(module, args, out):
         mine, theirs = getattr(out, "past_key_values", None), state.pop("donor_cache", None)
-        if mine is not None and theirs is not None: mine.__dict__.setdefault(_DONOR_CACHES, {})[id(donor)] = theirs
+        if mine is not None and theirs is not None: _DONOR_CACHES.setdefault(mine, {})[id(donor)] = theirs
     return hook
 
 def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> list:
@@ -174,11 +174,11 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dic
         raise ValueError("patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
                          "the merged model, dwg.models.load(adapter_dir)[0] (grafting takes the adapter itself).")
     check_compatible(recipient, donor)
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     idx = resolve_layers(layers, architecture(recipient)["n_layers"])
     keys = [(s, i) for s in resolve_sites(recipient, sites) for i in idx]
     state = {}
-    handles = [recipient.register_forward_pre_hook(_check_batch(mask), with_kwargs=True),
+    handles = [recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True),
                recipient.register_forward_pre_hook(_donor_pass(donor, {k: _site_module(donor, *k) for k in keys},
                                                                state, runs), with_kwargs=True),
                recipient.register_forward_hook(_pair_caches(donor, state))]

@@ -1,11 +1,10 @@
 """Architecture coverage: grafting on tiny random models of transformers' decoder families, checked against the
 independent token-by-token reference of dwg.coverage (parameters swapped by name, never through dwg.arch/dwg.graft).
 
-The families the issue names (and the seven the project started with) are checked on every run; the other families
-that were measured exact are split into ROTATION_PARTS parts, and each run checks one part (the day of the year picks
-it, or DWG_ARCH_PART=i; DWG_ARCH_PART=all checks all), so a few runs cover them all. The test prints the part.
+Which families run is fixed, never drawn: every run checks the named families (the CI subset: the families the
+project grafts by name and the seven it started with); `pytest -m all_families tests/test_architectures.py` checks
+every family measured exact (NAMED and OTHERS).
 """
-import os, time
 import pytest, torch
 from dwg.coverage import check_family, tiny_random, perturbed, reference_last_logits
 from dwg.graft import graft, architecture, resolve_components
@@ -24,15 +23,6 @@ OTHERS = [   # every other family measured exact (python -m dwg.coverage, 2026-1
     "minimax_m2", "minimax_m3_vl_text", "modernbert-decoder", "mpt", "nanochat", "nemotron", "opt", "persimmon",
     "phi", "phimoe", "qwen2", "sarvam_moe", "seed_oss", "solar_open", "stablelm", "starcoder2", "trocr",
     "vaultgemma", "xglm"]
-ROTATION_PARTS = 4
-
-
-def _part() -> list[str]:
-    "This run's part of OTHERS."
-    which = os.environ.get("DWG_ARCH_PART", str(time.gmtime().tm_yday % ROTATION_PARTS))
-    chosen = OTHERS if which == "all" else OTHERS[int(which)::ROTATION_PARTS]
-    print(f"architecture rotation: part {which} of {ROTATION_PARTS}: {', '.join(chosen)}")
-    return chosen
 
 
 def _assert_exact(model_type):
@@ -47,8 +37,10 @@ def test_named_family_is_exact(model_type):
     _assert_exact(model_type)
 
 
-@pytest.mark.parametrize("model_type", _part())
-def test_rotating_family_is_exact(model_type):
+@pytest.mark.all_families
+@pytest.mark.parametrize("model_type", NAMED + OTHERS)
+def test_every_family_is_exact(model_type):
+    "The full run (pytest -m all_families): every family measured exact still is."
     _assert_exact(model_type)
 
 

@@ -1,10 +1,10 @@
-"""The grafting engine against the original token-by-token algorithm, on every tiny architecture."""
+"""The grafting engine against the original token-by-token algorithm (dwg.coverage's reference), on every tiny architecture."""
 import random
 from contextlib import ExitStack
 import pytest, torch
 from dwg.models import load, TINY_MODELS
 from dwg.graft import graft, graftable, resolve_components, check_compatible
-from dwg.bench import naive_last_logits
+from dwg.coverage import reference_last_logits
 from dwg.evaluate import encode, last_logits
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
@@ -71,12 +71,12 @@ def test_engine_matches_token_by_token_reference(pair, seed):
     got = _engine(rec, tok, [(don, masks, layers, comps)])
     for i, p in enumerate(PROMPTS):
         ids = torch.tensor(tok(p)["input_ids"])
-        _assert_same(got[i], naive_last_logits(rec, [(don, masks[i], layers, comps)], ids), (comps, layers))
+        _assert_same(got[i], reference_last_logits(rec, [(don, masks[i], layers, comps)], ids), (comps, layers))
 
 
 def test_each_component_alone_matches_reference(pair):
     """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
-    the weights by parameter name (dwg.bench.REFERENCE_PARAMS), not through dwg.arch (the engine's own discovery), so a wrong
+    the weights by parameter name (dwg.coverage.REFERENCE_PARAMS), not through dwg.arch (the engine's own discovery), so a wrong
     table entry (e.g. two norms swapped) fails here."""
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
@@ -86,7 +86,7 @@ def test_each_component_alone_matches_reference(pair):
         got = _engine(rec, tok, [(don, masks, "all", [comp])])
         for i, p in enumerate(PROMPTS[:1]):
             ids = torch.tensor(tok(p)["input_ids"])
-            _assert_same(got[i], naive_last_logits(rec, [(don, masks[i], "all", [comp])], ids), comp)
+            _assert_same(got[i], reference_last_logits(rec, [(don, masks[i], "all", [comp])], ids), comp)
 
 
 def test_nested_grafts_innermost_wins(pair):
@@ -100,7 +100,7 @@ def test_nested_grafts_innermost_wins(pair):
     got = _engine(rec, tok, grafts)
     for i, p in enumerate(PROMPTS):
         ids = torch.tensor(tok(p)["input_ids"])
-        _assert_same(got[i], naive_last_logits(rec, [(d, m[i], l, c) for d, m, l, c in grafts], ids))
+        _assert_same(got[i], reference_last_logits(rec, [(d, m[i], l, c) for d, m, l, c in grafts], ids))
 
 
 def test_graft_all_everywhere_is_donor_and_nothing_is_recipient(pair):
@@ -150,7 +150,7 @@ def test_tied_embeddings_graft_separately():
     for comp in ["embed", "lm_head"]:
         with graft(rec, don, mask, components=[comp]), torch.no_grad():
             got = rec(input_ids=ids[None]).logits[0, -1]
-        _assert_same(got, naive_last_logits(rec, [(don, mask[0], "all", [comp])], ids), comp)
+        _assert_same(got, reference_last_logits(rec, [(don, mask[0], "all", [comp])], ids), comp)
     with graft(rec, don, mask, components=["embed"]), torch.no_grad():
         only_embed = rec(input_ids=ids[None]).logits[0, -1]
     with graft(rec, don, mask, components=["embed", "lm_head"]), torch.no_grad():

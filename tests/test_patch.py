@@ -5,13 +5,13 @@ import pytest
 import torch
 from nnsight import LanguageModel
 
-from dwg.bench import REFERENCE_PARAMS
+from dwg.coverage import REFERENCE_PARAMS
 from dwg.models import TINY_MODELS, load
 from dwg.patch import model_sites, patch
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H", "Hi there"]
 # The oracle's own module paths (decoder layers, attention and MLP blocks), from the model classes' attribute names;
-# projections come from dwg.bench.REFERENCE_PARAMS (parameter names), never from dwg.graft's table.
+# projections come from dwg.coverage.REFERENCE_PARAMS (parameter names), never from dwg.graft's table.
 BLOCKS = {"llama": ("model.layers", "self_attn", "mlp"), "gemma": ("model.layers", "self_attn", "mlp"),
           "olmo": ("model.layers", "self_attn", "mlp"), "gemma2": ("model.layers", "self_attn", "mlp"),
           "olmo2": ("model.layers", "self_attn", "mlp"), "gpt2": ("transformer.h", "attn", "mlp"),

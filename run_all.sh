@@ -17,7 +17,9 @@ Commands:
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
                  prepare the embedded model under $DWG_HOME (default ~/.cache/dwg)
   export         nbdev_export: regenerate dwg/ from nbs/ (then check `git status dwg/`)
-  bench          run the grafting speed benchmark (python -m dwg.bench)
+  bench          run the grafting speed benchmark (python -m dwg.dev.bench)
+  docs           set up, install docs/requirements.txt, build the documentation site into site/ (mkdocs --strict);
+                 --no-execute shows the tutorials without running them
   help | --help  this text
 
 Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
@@ -29,11 +31,11 @@ Options of `run` (the command may be left out: `./run_all.sh --profile smoke` ru
                    wait for the jobs and print the status; --partition/--time/--mem/--cpus/--gpus/--setup override
                    the sweep file's slurm: section
   --dry-run        expand and check the sweep, run nothing (with --slurm: write the sbatch scripts, submit nothing)
-  --notebooks DIR  experiment notebooks to run (default nbs/experiments)
+  --notebooks DIR  experiment notebooks to run (default dwg/experiments)
   --no-progress    no progress bar or progress lines
   --log-every S    without a terminal (logs), print the running runs' progress at most every S seconds (default 60)
-  `./run_all.sh run --help` prints the sweep's own help (python -m dwg.cli run --help).
-Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.bench (see its --help).
+  `./run_all.sh run --help` prints the sweep's own help (python -m dwg.pipeline.cli run --help).
+Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.dev.bench (see its --help).
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
              DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
@@ -63,7 +65,7 @@ setup() {
     "$py" -m pip check
     echo "$want" > "$stamp"
   fi
-  HF_HUB_OFFLINE=1 "$py" -c "from dwg.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
+  HF_HUB_OFFLINE=1 "$py" -c "from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
 }
 
 cmd=${1:-run}; [ $# -gt 0 ] && shift
@@ -75,17 +77,28 @@ case "$cmd" in
     setup
     export HF_HUB_OFFLINE=1
     echo "dwg: nbdev_test"; "$VENV/bin/nbdev_test" --n_workers 1
+    "$VENV/bin/nbdev_test" --n_workers 1 --path dwg/experiments   # the experiment notebooks, with their demo defaults
     echo "dwg: pytest"; "$VENV/bin/python" -m pytest -q tests "$@"
     ;;
-  bench) setup; HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.bench "$@" ;;
+  bench) setup; HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.dev.bench "$@" ;;
+  docs)
+    setup
+    execute=true
+    for a in "$@"; do case "$a" in --no-execute) execute=false ;; *) echo "run_all.sh docs: unknown option '$a'"; exit 2 ;; esac; done
+    pip_install "$VENV/bin/python" -r docs/requirements.txt
+    "$VENV/bin/python" docs/stage.py _build/docs
+    t0=$SECONDS
+    HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 DWG_DOCS_EXECUTE=$execute "$VENV/bin/mkdocs" build --strict --clean -f mkdocs.yml
+    echo "dwg: documentation site in site/ (index.html), built in $((SECONDS - t0)) s"
+    ;;
   status)
     setup >/dev/null
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.cli status "$@"
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.pipeline.cli status "$@"
     ;;
   run|-*)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.cli run "$@"
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.pipeline.cli run "$@"
     ;;
   *) echo "run_all.sh: unknown command '$cmd'"; usage; exit 2 ;;
 esac

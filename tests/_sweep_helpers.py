@@ -3,8 +3,8 @@ import json, os, subprocess, sys
 from pathlib import Path
 import yaml
 from dwg.runs import read_jsonl
-from dwg.sweep import read_graph, graph_runs, run_paths
-from dwg.testing import standin_notebooks
+from dwg.pipeline.sweep import read_graph, graph_runs, run_paths
+from dwg.dev.testing import standin_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,10 +29,10 @@ def standin_setup(tmp_path, **changes):
 
 
 def sweep_cli(*args, env=None, timeout=600, cwd=REPO, **kw):
-    "Run `python -m dwg.cli ARGS` (in the repo unless `cwd`); the CompletedProcess (text)."
+    "Run `python -m dwg.pipeline.cli ARGS` (in the repo unless `cwd`); the CompletedProcess (text)."
     e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     e.pop("IN_TEST", None)
-    return subprocess.run([sys.executable, "-m", "dwg.cli", *map(str, args)], cwd=cwd, env=e, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dwg.pipeline.cli", *map(str, args)], cwd=cwd, env=e, capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 

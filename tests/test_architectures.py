@@ -1,19 +1,20 @@
 """Architecture coverage: grafting on tiny random models of transformers' decoder families, checked against the
-independent token-by-token reference of dwg.coverage (parameters swapped by name, never through dwg.arch/dwg.graft).
+independent token-by-token reference of dwg.dev.coverage (parameters swapped by name, never through dwg.engine.arch/dwg.engine.graft).
 
 Which families run is fixed, never drawn: every run checks the named families (the CI subset: the families the
 project grafts by name and the seven it started with); `pytest -m all_families tests/test_architectures.py` checks
 every family measured exact (NAMED and OTHERS).
 """
 import pytest, torch
-from dwg.coverage import check_family, tiny_random, perturbed, reference_last_logits
-from dwg.graft import graft, architecture, resolve_components
+from dwg.dev.coverage import check_family, tiny_random, perturbed, reference_last_logits
+from dwg.engine.graft import graft, resolve_components
+from dwg.engine.arch import architecture
 
 NAMED = [
     "qwen3", "qwen3_moe", "gemma3_text", "gemma4_text", "llama4_text", "mistral", "ministral", "ministral3", "phi3",
     "olmo3", "smollm3", "granite", "granitemoe", "gpt_oss", "deepseek_v3", "mixtral", "olmoe", "qwen2_moe", "glm4",
     "llama", "gemma", "gemma2", "olmo", "olmo2", "gpt2", "gpt_neox"]
-OTHERS = [   # every other family measured exact (python -m dwg.coverage, 2026-11-24)
+OTHERS = [   # every other family measured exact (python -m dwg.dev.coverage, 2026-11-24)
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "beam", "biogpt", "bitnet", "bloom", "codegen",
     "cohere", "cohere2", "cohere2_moe", "ctrl", "cwm", "deepseek_v2", "deepseek_v4", "diffllama", "doge", "ernie4_5",
     "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "flex_olmo", "flint", "fuyu", "gemma4_unified_text", "glm",

@@ -4,15 +4,15 @@ import math
 import subprocess
 import sys
 
-from dwg.bench import main
-from dwg.plans import plan_groups
+from dwg.dev.bench import main
+from dwg.science.plans import plan_groups
 
 
 def test_benchmark_runs_and_engine_matches_original(tmp_path):
     # in its own process, as the README runs it: peak memory (ru_maxrss) is per process, and a test that ran before in
     # this one (a SmolLM2 load) would leave a peak that every reading here falls under
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, "-m", "dwg.bench", "--model", "tiny-llama", "--batch", "8", "--n-original", "2",
+    run = subprocess.run([sys.executable, "-m", "dwg.dev.bench", "--model", "tiny-llama", "--batch", "8", "--n-original", "2",
                           "--n-facts", "8", "--workdir", str(tmp_path), "--json", str(out)],
                          capture_output=True, text=True, check=True)
     res = json.loads(out.read_text())

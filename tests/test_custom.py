@@ -1,10 +1,10 @@
-"""Your own facts (dwg.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files' content, and
+"""Your own facts (dwg.science.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files' content, and
 the smoke graph (tiny model) on the packaged example end to end."""
 import shutil
 from pathlib import Path
 import pytest, yaml
-from dwg import sweep as sw
-from dwg.custom import example_files
+from dwg.pipeline import sweep as sw
+from dwg.science.custom import example_files
 from _sweep_helpers import sweep_cli, states, results_table
 
 
@@ -66,4 +66,56 @@ def test_custom_smoke_graph_runs(tmp_path):
     plans = {k[1] for k in table}
     assert {"PRE", "SFT", "FE", "FE+LT", "(FE+LT)^C", "LT:o+ffn@last_half"} <= plans
     assert {k[3] for k in table} == {"new_ceo", "qa_who_runs"}
-    assert "M" not in plans                                   # no movie span: skipped, so not in the table
+    assert "M" not in plans                                   # no movie span: left out of the run, so not in the table
+
+
+def _drugs(tmp_path):
+    "A drugs-like custom dataset: each drug's maker is a field that appears in the prompts (a role plans can name)."
+    facts = tmp_path / "drugs.csv"
+    facts.write_text("drug,maker,disease\nVeltrazine,Harrowgate Pharma,migraine\nOskapril,Lindqvist Labs,gout\n"
+                     "Tramedol,Corvane Biologics,asthma\nPelucid,Ashby and Rook,eczema\n")
+    templates = tmp_path / "drugs.yaml"
+    templates.write_text(yaml.safe_dump(dict(
+        first_entity="drug", target="disease",
+        train=dict(a="{drug}, made by {maker}, treats {disease}.", b="Q: What does {drug} treat? A: {disease}"),
+        eval=dict(maker_first="Made by {maker}, the drug {drug} treats {disease}",
+                  drug_first="{drug} from {maker} is taken for {disease}"))))
+    from dwg.science.custom import create_custom_dataset
+    from dwg.science.data import load_split
+    out = create_custom_dataset(facts, templates, tmp_path / "ds", task_fraction=0.5)
+    return load_split(out, "eval")
+
+
+def test_a_plan_grafts_at_a_custom_field(tmp_path):
+    """`positions: [maker]` on a custom dataset grafts exactly the maker's tokens: the plan's mask equals one made by
+    hand from where the maker's name sits in each prompt, and the grafted logits equal a graft with that hand mask."""
+    import torch
+    from dwg.engine.graft import graft
+    from dwg.engine.prompts import last_logits, prepare
+    from dwg.science.evaluate import evaluate_plans, rule_masks
+    from dwg.science.models import load
+    from dwg.science.plans import GraftPlan, Rule
+    examples = _drugs(tmp_path)
+    base, tok = load("tiny-llama")
+    donor, _ = load("tiny-llama", seed=1)
+    plan = GraftPlan("maker", "pretrained", [Rule("finetuned", ["maker"])])
+    prep = prepare(tok, examples)
+    (mask,), skipped = rule_masks(plan, prep)
+    assert not skipped
+    hand = torch.zeros_like(mask)
+    for i, e in enumerate(examples):   # by hand: the tokens whose characters overlap the maker's name in the prompt
+        fact_maker = next(v for v in ("Harrowgate Pharma", "Lindqvist Labs", "Corvane Biologics", "Ashby and Rook")
+                          if v in e["prompt"])
+        a = e["prompt"].index(fact_maker); b = a + len(fact_maker)
+        for j, (s, t) in enumerate(prep["offsets"][i]):
+            if s < b and t > a and t > s: hand[i, prep["pads"][i] + j] = True
+    assert torch.equal(mask, hand) and hand.sum() >= 2 * len(examples)
+    with graft(base, donor, mask): by_plan = last_logits(base, prep["batch"])
+    with graft(base, donor, hand): by_hand = last_logits(base, prep["batch"])
+    assert torch.equal(by_plan, by_hand)
+    rows = evaluate_plans([plan], dict(pretrained=base, finetuned=donor), tok, examples, progress=False)
+    assert len(rows) == len(examples) and not any(r["skipped"] for r in rows)
+    bad = GraftPlan("manufacturer", "pretrained", [Rule("finetuned", ["manufacturer", "last_token"])])
+    with pytest.raises(ValueError, match=r"\['manufacturer'\], which no evaluation example has. The examples' roles: "
+                                         r"drug, first_actor, maker"):
+        evaluate_plans([bad], dict(pretrained=base, finetuned=donor), tok, examples, progress=False)

@@ -3,7 +3,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a hub call must fail at once, never hang
 import json, re
 from pathlib import Path
 import pytest
-from dwg import data, models
+from dwg.engine import prompts
+from dwg.science import data, models
 
 SIZES = {"fake_movies_fake_actors": 24, "fake_movies_real_actors": 24, "real_movies_real_actors_shuffled": 24,
          "articles": 20}
@@ -216,7 +217,7 @@ def test_token_positions_every_field_every_prompt(built, tokenizers):
         for e in ev:
             enc = tok(e["prompt"], return_offsets_mapping=True)
             ids, offs = enc["input_ids"], enc["offset_mapping"]
-            pos = data.token_positions(tok, e["prompt"], e["spans"])
+            pos = prompts.token_positions(tok, e["prompt"], e["spans"])
             assert set(pos) == set(e["spans"]), tname   # the fields, nothing else
             for field, (a, b) in e["spans"].items():
                 idx = pos[field]
@@ -235,7 +236,7 @@ def test_token_positions_count_bos(tokenizers):
     "Indices match the model input: a BOS-adding tokenizer shifts them by one, add_special_tokens=False does not."
     tok = tokenizers["metaspace-bpe+bos"]
     prompt, spans = "Ada Stone stars in Red Sky alongside", {"first_actor": [0, 9], "movie_title": [19, 26]}
-    with_bos, without = data.token_positions(tok, prompt, spans), data.token_positions(tok, prompt, spans, add_special_tokens=False)
+    with_bos, without = prompts.token_positions(tok, prompt, spans), prompts.token_positions(tok, prompt, spans, add_special_tokens=False)
     assert tok(prompt)["input_ids"][0] == tok.bos_token_id
     assert [i - 1 for i in with_bos["first_actor"]] == without["first_actor"] and with_bos["first_actor"][0] == 1
     assert [i - 1 for i in with_bos["movie_title"]] == without["movie_title"]

@@ -1,11 +1,11 @@
-"""The grafting engine against the original token-by-token algorithm (dwg.coverage's reference), on every tiny architecture."""
+"""The grafting engine against the original token-by-token algorithm (dwg.dev.coverage's reference), on every tiny architecture."""
 import random
 from contextlib import ExitStack
 import pytest, torch
-from dwg.models import load, TINY_MODELS
-from dwg.graft import graft, graftable, resolve_components, check_compatible
-from dwg.coverage import reference_last_logits
-from dwg.evaluate import encode, last_logits
+from dwg.science.models import load, TINY_MODELS
+from dwg.engine.graft import graft, graftable, resolve_components, check_compatible
+from dwg.dev.coverage import reference_last_logits
+from dwg.science.evaluate import encode, last_logits
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
 
@@ -76,7 +76,7 @@ def test_engine_matches_token_by_token_reference(pair, seed):
 
 def test_each_component_alone_matches_reference(pair):
     """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
-    the weights by parameter name (dwg.coverage.REFERENCE_PARAMS), not through dwg.arch (the engine's own discovery), so a wrong
+    the weights by parameter name (dwg.dev.coverage.REFERENCE_PARAMS), not through dwg.engine.arch (the engine's own discovery), so a wrong
     table entry (e.g. two norms swapped) fails here."""
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
@@ -134,7 +134,7 @@ def test_table_covers_every_parameter(pair):
     "Every parameter of the model belongs to some graftable component, so 'all' really is everything."
     rec, _, _ = pair
     covered = set()
-    from dwg.graft import _targets
+    from dwg.engine.graft import _targets
     for r, *_ in _targets(rec, rec, "all", "all"):
         covered |= {id(p) for p in r.parameters(recurse=False)}
     missing = [n for n, p in rec.named_parameters() if id(p) not in covered]

@@ -1,6 +1,6 @@
-"""dwg.localize in the sweep: the `localize` stage and profile (the core is tested in nbs/03a_localize.ipynb)."""
+"""dwg.science.localize in the sweep: the `localize` stage and profile (the core is tested in nbs/03a_localize.ipynb)."""
 import pytest, yaml
-from dwg import sweep as sw
+from dwg.pipeline import sweep as sw
 
 
 def test_localize_profile_graph():
@@ -44,7 +44,7 @@ def test_localize_notebook_takes_the_section():
 def test_localize_notebook_runs(tmp_path):
     "The experiment notebook end to end on its tiny defaults (random stand-in donor): every output, a plan that loads."
     import json, papermill as pm
-    from dwg.plans import get_plan
+    from dwg.science.plans import get_plan
     nb = sw.default_notebooks_dir() / "localize.ipynb"
     out = tmp_path / "run"
     pm.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), kernel_name="python3",

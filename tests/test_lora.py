@@ -1,11 +1,11 @@
-"""LoRA donors (dwg.lora) against peft's merged model, on every tiny family and on SmolLM2-135M; models.load of an adapter."""
+"""LoRA donors (dwg.engine.lora) against peft's merged model, on every tiny family and on SmolLM2-135M; models.load of an adapter."""
 import copy, random
 import pytest, torch
 from peft import LoraConfig, get_peft_model
-from dwg.models import load, TINY_MODELS, EMBEDDED
-from dwg.graft import graft, graftable
-from dwg.evaluate import encode, last_logits
-from dwg.lora import as_donor, read_adapter
+from dwg.science.models import load, TINY_MODELS, EMBEDDED
+from dwg.engine.graft import graft, graftable
+from dwg.science.evaluate import encode, last_logits
+from dwg.engine.lora import as_donor, read_adapter
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
 # every attention and MLP projection of each family (GPT-2's Conv1D needs fan_in_fan_out)
@@ -114,12 +114,12 @@ def test_view_reads_once_and_shares_weights(tmp_path):
 
 def test_patch_refuses_an_adapter_with_the_fix(tmp_path):
     "Activation patching needs the donor's forward: an adapter is refused, naming the merged model as the fix."
-    from dwg.patch import patch
+    from dwg.engine.patch import patch
     rec, _ = load("tiny-llama")
     pm, _ = _peft(rec)
     pm.save_pretrained(tmp_path)
     for donor in (pm, str(tmp_path)):
-        with pytest.raises(ValueError, match=r"dwg.models.load\(adapter_dir\)"):
+        with pytest.raises(ValueError, match=r"dwg.science.models.load\(adapter_dir\)"):
             patch(rec, donor, torch.ones(1, 3, dtype=torch.bool)).__enter__()
 
 
@@ -127,9 +127,9 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
     """run_grafting with a LoRA adapter directory as the fine-tuned model: the position plans graft it as an adapter (no
     merged model loaded) and score as grafting peft's merged model does; a reverse plan (the adapter as the base) merges."""
     from unittest.mock import patch as mock
-    from dwg import evaluate
-    from dwg.data import create_dataset
-    from dwg.plans import get_plan
+    from dwg.science import evaluate
+    from dwg.science.data import create_dataset
+    from dwg.science.plans import get_plan
     rec, tok = load("tiny-llama")
     pm, merged = _peft(rec)
     pm.peft_config["default"].base_model_name_or_path = "tiny-llama"
@@ -157,7 +157,7 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
 
 def test_sweep_takes_a_lora_profile_and_its_run_id_follows_the_adapter_settings():
     "The lora sweep trains with the lora profile; its model run id differs from the full fine-tune's and moves with r."
-    from dwg.sweep import expand, load_sweep
+    from dwg.pipeline.sweep import expand, load_sweep
     models = lambda s: {r.label: r.id for r in expand(s) if r.stage == "models"}
     data = lambda s: [r.id for r in expand(s) if r.stage == "datasets"]
     lora, full = models("lora"), models("embedded")
@@ -173,10 +173,10 @@ def test_sweep_takes_a_lora_profile_and_its_run_id_follows_the_adapter_settings(
 def test_localisation_from_a_lora_donor(tmp_path):
     "Attribution with an adapter as donor equals attribution with peft's merged model: values and gradients at 0, at 1,"
     " halfway and with one cell grafted; a cell the adapter leaves alone scores 0."
-    from dwg.data import create_dataset, load_split
-    from dwg.interpolate import Grid, at_point
-    from dwg.localize import Exact
-    from dwg.localize_bench import benchmark
+    from dwg.science.data import create_dataset, load_split
+    from dwg.engine.interpolate import Grid, at_point
+    from dwg.science.localize import Exact
+    from dwg.dev.localize_bench import benchmark
     exs = load_split(create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds"), "eval")[:8]
     for name in ("tiny-llama", "tiny-gpt2"):   # GPT-2: Conv1D, the delta transposed to its layout
         rec, tok = load(name)

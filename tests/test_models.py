@@ -1,6 +1,6 @@
 import socket
 import pytest, torch
-from dwg import models
+from dwg.science import models
 
 
 def test_prepare_embedded_is_idempotent():

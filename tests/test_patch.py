@@ -1,17 +1,17 @@
-"""dwg.patch against nnsight (an activation-patching library nobody here wrote), on every tiny family and SmolLM2."""
+"""dwg.engine.patch against nnsight (an activation-patching library nobody here wrote), on every tiny family and SmolLM2."""
 import random
 
 import pytest
 import torch
 from nnsight import LanguageModel
 
-from dwg.coverage import REFERENCE_PARAMS
-from dwg.models import TINY_MODELS, load
-from dwg.patch import model_sites, patch
+from dwg.dev.coverage import REFERENCE_PARAMS
+from dwg.science.models import TINY_MODELS, load
+from dwg.engine.patch import model_sites, patch
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H", "Hi there"]
 # The oracle's own module paths (decoder layers, attention and MLP blocks), from the model classes' attribute names;
-# projections come from dwg.coverage.REFERENCE_PARAMS (parameter names), never from dwg.graft's table.
+# projections come from dwg.dev.coverage.REFERENCE_PARAMS (parameter names), never from dwg.engine.graft's table.
 BLOCKS = {"llama": ("model.layers", "self_attn", "mlp"), "gemma": ("model.layers", "self_attn", "mlp"),
           "olmo": ("model.layers", "self_attn", "mlp"), "gemma2": ("model.layers", "self_attn", "mlp"),
           "olmo2": ("model.layers", "self_attn", "mlp"), "gpt2": ("transformer.h", "attn", "mlp"),
@@ -126,7 +126,7 @@ def pair(request):
 
 
 def test_each_site_matches_nnsight(pair):
-    "Every site of the family alone, random layers and masks: dwg.patch == nnsight (1e-5 in prob, 1e-4 in log-prob)."
+    "Every site of the family alone, random layers and masks: dwg.engine.patch == nnsight (1e-5 in prob, 1e-4 in log-prob)."
     rec, don, tok = pair
     rng = random.Random(0)
     for site in model_sites(rec):
@@ -176,11 +176,11 @@ def test_embedded_model_matches_nnsight():
 
 
 def test_patching_plans_run_through_evaluation(tmp_path):
-    """A patching plan scored by dwg.evaluate (batched, padded, whole-name generation through the KV cache) equals
+    """A patching plan scored by dwg.science.evaluate (batched, padded, whole-name generation through the KV cache) equals
     patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
-    from dwg.data import create_dataset, load_split
-    from dwg.evaluate import evaluate_plans, target_token_ids
-    from dwg.plans import GraftPlan, Rule
+    from dwg.science.data import create_dataset, load_split
+    from dwg.science.evaluate import evaluate_plans, target_token_ids
+    from dwg.science.plans import GraftPlan, Rule
     rec, tok = load("tiny-llama")
     don, _ = load("tiny-llama", seed=1)
     exs = load_split(create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds"), "eval")[:6]

@@ -6,11 +6,13 @@ import pandas as pd
 import pytest
 
 from unittest.mock import patch
-from dwg import plots, sweep, testing
-from dwg import plans
-from dwg.plans import FAMILIES, QUARTERS, GraftPlan, Rule
+from dwg.science import plots
+from dwg.pipeline import sweep
+from dwg.dev import testing
+from dwg.science import plans
+from dwg.science.plans import FAMILIES, QUARTERS, GraftPlan, PaperPlan, Rule
 
-NB = Path(__file__).resolve().parents[1] / "nbs" / "experiments" / "figures.ipynb"
+NB = Path(__file__).resolve().parents[1] / "dwg" / "experiments" / "figures.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -157,13 +159,13 @@ def test_figures_notebook_no_results(tmp_path):
 
 def _movie_depth_family():
     "A new plan family: the fine-tuned FFNs at the movie title, one layer quarter at a time."
-    return [GraftPlan(f"M:ffn@{q}", "pretrained", [Rule("finetuned", ["movie_title"], q, ["ffn"])],
+    return [PaperPlan(f"M:ffn@{q}", "pretrained", [Rule("finetuned", ["movie_title"], q, ["ffn"])],
                       figures=("depth",), position="M", component_set="ffn", layer_group=q) for q in QUARTERS]
 
 
 def test_a_new_plan_family_is_one_edit():
-    """Adding a family to dwg.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable by the
-    position stage, and a column of the depth figure; nothing in dwg.sweep or dwg.plots changes."""
+    """Adding a family to dwg.science.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable by the
+    position stage, and a column of the depth figure; nothing in dwg.pipeline.sweep or dwg.science.plots changes."""
     with patch.dict(FAMILIES, movie_depth=_movie_depth_family):
         names = [f"M:ffn@{q}" for q in QUARTERS]
         assert plans.plan_groups()["movie_depth"] == names
@@ -178,7 +180,7 @@ def test_a_new_plan_family_is_one_edit():
 
 # ---- What a reader sees: every figure the sweeps draw, read back from Vega's rendered scene (tests/_figure_layout.py)
 from _figure_layout import scene, misplaced
-from dwg import recovery, localize_plots
+from dwg.science import recovery, localize_plots
 
 METHOD_PLANS = [p for p in plans.figure_order("methods") if p not in ("PRE", "SFT")]
 

@@ -1,10 +1,10 @@
-"""The Slurm backend (dwg.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
+"""The Slurm backend (dwg.pipeline.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
 submitted with --slurm gives the same results as a local run, and a failing run is reported failed while the rest
 complete and its dependants are cancelled. Skipped where there is no `sbatch`."""
 import json, os, re, shutil, subprocess, time
 from pathlib import Path
 import pytest
-from dwg import sweep as sw
+from dwg.pipeline import sweep as sw
 from _sweep_helpers import standin_setup, sweep_cli, states, run_key, results_table
 
 
@@ -64,7 +64,7 @@ def test_smoke_sweep_on_slurm_matches_local(tmp_path_factory):
     r = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--slurm", "--wait", "--log-every", "0", timeout=1200)
     print(r.stdout, r.stderr, f"slurm smoke: {time.time() - t0:.0f}s")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"dwg.sweep: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stdout), r.stdout  # the log
+    assert re.search(r"dwg.pipeline.sweep: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stdout), r.stdout  # the log
     assert {i["state"] for i in states(rd).values()} == {"done"}
     assert sorted(states(rd)) == sorted(states(local))                    # same run ids
     a, b = results_table(local), results_table(rd)

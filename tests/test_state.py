@@ -1,11 +1,11 @@
 """No state of dwg on users' objects: after graft, patch and interpolation contexts every module of both models (and
 a KV cache made inside `patch`) has the attributes it had before, and none named `_dwg_*`."""
 import torch
-from dwg.evaluate import encode
-from dwg.graft import graft
-from dwg.interpolate import Grid, at_point
-from dwg.models import load
-from dwg.patch import patch
+from dwg.science.evaluate import encode
+from dwg.engine.graft import graft
+from dwg.engine.interpolate import Grid, at_point
+from dwg.science.models import load
+from dwg.engine.patch import patch
 
 
 def _attributes(model) -> dict:

@@ -1,60 +1,117 @@
-"""The package's shape: imports run one way through the layers the README names, modules stay small, functions short."""
+"""The package's shape: wings whose imports run one way (engine <- science <- pipeline), layers inside each wing, no
+module reaching for another's private names, modules small and functions short."""
 import ast
 from pathlib import Path
 
 import dwg
 
 PACKAGE = Path(dwg.__file__).parent
-# Lowest first: a module may import only modules of a lower layer (the README's "How it fits together").
-LAYERS = [["runs"], ["data"], ["custom"], ["lora"], ["models"], ["arch"], ["graft"], ["patch"], ["coverage"], ["plans"],
-          ["evaluate"], ["interpolate"], ["localize"], ["config", "batches"], ["train"],
-          ["sweep", "plots", "bench"], ["recovery", "runner", "localize_plots", "localize_bench"], ["local", "slurm"], ["cli"], ["testing"]]
-RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+# Wings, lowest first: a module may import its own wing's lower layers and any lower wing, never a higher one.
+# `runs` (atomic writes, JSONL, run records) sits beneath the science and the pipeline; the engine imports nothing of dwg.
+WINGS = {
+    "engine": [["arch"], ["lora"], ["prompts"], ["graft"], ["patch"], ["interpolate"]],
+    "runs": [["runs"]],
+    "science": [["data"], ["custom"], ["models"], ["plans"], ["evaluate"], ["localize"], ["plots", "localize_plots"],
+                ["recovery"]],
+    "pipeline": [["config", "batches"], ["train"], ["sweep"], ["runner"], ["local", "slurm"], ["cli"]],
+    "dev": [["coverage"], ["bench"], ["localize_bench"], ["testing"]],
+}
+WING_ORDER = list(WINGS)
+RANK = {}
+for w, layers in WINGS.items():
+    for i, layer in enumerate(layers):
+        for m in layer:
+            RANK[f"{w}.{m}" if w != "runs" else "runs"] = (WING_ORDER.index(w), i)
 MAX_MODULE_LINES = 520      # "about 500"
 MAX_FUNCTION_LINES = 50
 LONG_OK = "# long:"         # a function longer than that says why in a comment starting with this
 
 
+def _name(path: Path) -> str:
+    "`engine.graft` for dwg/engine/graft.py, `runs` for dwg/runs.py."
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
 def _modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text()) for p in sorted(PACKAGE.glob("*.py")) if not p.stem.startswith("_")}
+    "Every module of the package but `__init__` files and the nbdev index, by dotted name below dwg."
+    return {_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))
+            if not p.stem.startswith("_")}
 
 
-def _dwg_imports(tree: ast.Module) -> set[str]:
-    "Names of the dwg modules a module imports, anywhere in it (inside functions too)."
+def _resolve(module: str, node: ast.ImportFrom) -> list[str]:
+    "The dwg modules (dotted below dwg) an ImportFrom names, relative or absolute; names may be modules themselves."
+    if node.level:
+        base = module.split(".")[:-node.level] if node.level <= module.count(".") + 1 else []
+        target = [*base, *(node.module.split(".") if node.module else [])]
+    elif node.module and (node.module == "dwg" or node.module.startswith("dwg.")):
+        target = node.module.split(".")[1:]
+    else:
+        return []
+    prefix = ".".join(target)
+    out = []
+    for a in node.names:
+        full = f"{prefix}.{a.name}" if prefix else a.name
+        out.append(full if full in RANK else prefix)
+    return [o for o in out if o]
+
+
+def _dwg_imports(module: str, tree: ast.Module) -> set[str]:
+    "The dwg modules a module imports, anywhere in it (inside functions too)."
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 or node.module == "dwg":
-                out |= {node.module} if node.level == 1 and node.module else {a.name for a in node.names}
-            elif node.module and node.module.startswith("dwg."):
-                out.add(node.module.split(".")[1])
+            out |= set(_resolve(module, node))
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dwg.")}
-    return out - {"__version__"}
+            out |= {a.name[4:] for a in node.names if a.name.startswith("dwg.")}
+    return out
 
 
-def test_every_module_has_a_layer():
-    assert sorted(_modules()) == sorted(RANK), "add new modules to LAYERS (and to the README's table)"
+def _private_imports(module: str, tree: ast.Module) -> list[str]:
+    "`from <another dwg module> import _name` in a module."
+    return [f"{module} imports {src}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            for src in set(_resolve(module, node)) if src != module
+            for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+
+
+def test_every_module_has_a_place():
+    assert sorted(_modules()) == sorted(RANK), "add new modules to WINGS (and to the architecture page)"
 
 
 def test_imports_run_one_way():
-    wrong = [f"dwg.{m} imports dwg.{i}" for m, tree in _modules().items() for i in sorted(_dwg_imports(tree))
-             if i != m and RANK.get(i, -1) >= RANK[m]]
-    assert not wrong, "imports against the layers: " + "; ".join(wrong)
+    "Down the wings (engine <- runs <- science <- pipeline <- dev) and down the layers inside a wing; the engine alone."
+    wrong = []
+    for m, tree in _modules().items():
+        for i in sorted(_dwg_imports(m, tree)):
+            if i == m or i not in RANK and i.split(".")[0] in WINGS:   # a wing's __init__: part of that wing
+                continue
+            if i not in RANK or RANK[i] >= RANK[m]:
+                wrong.append(f"dwg.{m} imports dwg.{i}")
+    assert not wrong, "imports against the wings: " + "; ".join(wrong)
+    engine = [f"dwg.{m} imports dwg.{i}" for m, tree in _modules().items() if m.startswith("engine.")
+              for i in _dwg_imports(m, tree) if not i.startswith("engine.")]
+    assert not engine, "the engine imports nothing else of dwg: " + "; ".join(engine)
+
+
+def test_no_module_imports_another_modules_private_names():
+    wrong = [w for m, tree in _modules().items() for w in _private_imports(m, tree)]
+    assert not wrong, "; ".join(wrong)
 
 
 def test_import_check_can_fail():
-    "The checker sees relative, absolute and in-function imports."
-    tree = ast.parse("from .plots import x\nimport dwg.sweep\ndef f():\n    from dwg import cli\n")
-    assert _dwg_imports(tree) == {"plots", "sweep", "cli"}
+    "The checkers see relative, absolute and in-function imports, and private names."
+    tree = ast.parse("from .plots import x\nfrom ..engine.graft import _y\nimport dwg.pipeline.sweep\n"
+                     "def f():\n    from dwg.pipeline import cli\n")
+    assert _dwg_imports("science.recovery", tree) == {"science.plots", "engine.graft", "pipeline.sweep", "pipeline.cli"}
+    assert _private_imports("science.recovery", tree) == ["science.recovery imports engine.graft._y"]
+    assert RANK["pipeline.sweep"] > RANK["science.plots"] > RANK["runs"] > RANK["engine.graft"]
 
 
 def test_modules_and_functions_stay_small():
-    big = [f"{p.name}: {n} lines" for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")
+    big = [f"{_name(p)}: {n} lines" for p in PACKAGE.rglob("*.py") if not p.stem.startswith("_")
            and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
     long = []
     for name, tree in _modules().items():
-        src = (PACKAGE / f"{name}.py").read_text().splitlines()
+        src = (PACKAGE / (name.replace(".", "/") + ".py")).read_text().splitlines()
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1

@@ -1,12 +1,12 @@
-"""The sweeps (dwg.sweep, dwg.runner, dwg.local, dwg.cli): expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
+"""The sweeps (dwg.pipeline.sweep, dwg.pipeline.runner, dwg.pipeline.local, dwg.pipeline.cli): expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
 interruptions), and the smoke profile with the real experiment notebooks."""
 import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, yaml
-from dwg import sweep as sw
-from dwg import runner
+from dwg.pipeline import sweep as sw
+from dwg.pipeline import runner
 from dwg.runs import read_jsonl
-from dwg.testing import standin_notebooks
+from dwg.dev.testing import standin_notebooks
 from _sweep_helpers import (REPO, STANDIN_SWEEP, standin_setup, sweep_cli, states, run_key, marker_snapshot,
                             results_table)
 
@@ -37,7 +37,7 @@ def test_smoke_graph_shape():
     relation = next(r for r in g if r.stage == "models" and r.params["split"] == "relation")
     assert next(r for r in g if r.stage == "graft_positions").inputs[-1] == relation.key
     assert next(r for r in g if r.stage == "graft_methods").inputs[-1] == relation.key   # the same SFT model
-    from dwg.plans import expand_plans, paper_plans
+    from dwg.science.plans import expand_plans, paper_plans
     plans = [p for r in g if r.stage.startswith("graft_") for p in expand_plans(r.params["plans"], 4)]
     assert set(paper_plans()) <= set(plans)   # every catalogue plan runs somewhere (PRE and SFT in two stages)
 
@@ -47,7 +47,7 @@ def test_breadth_graph_shape():
     over all and per setting (the articles at top-50)."""
     g = sw.expand("breadth")
     kinds = sorted(r.params["kind"] for r in g if r.stage == "datasets")
-    from dwg.data import KINDS
+    from dwg.science.data import KINDS
     assert kinds == sorted(KINDS)
     count = lambda stage: sum(r.stage == stage for r in g)
     assert (count("models"), count("graft_positions"), count("graft_components"), count("figures")) == (8, 4, 4, 5)
@@ -90,7 +90,7 @@ def test_ids_do_not_depend_on_the_runs_dir(tmp_path):
 def test_training_profile_content_is_in_the_id(tmp_path):
     "Editing the training profile file (same name) renews the models and what depends on them."
     prof = tmp_path / "mine.yaml"
-    prof.write_text((Path(sw.__file__).parent / "configs" / "tiny.yaml").read_text())
+    prof.write_text((Path(sw.__file__).parents[1] / "configs" / "tiny.yaml").read_text())
     d = raw(); d["train"]["config"] = str(prof)
     before = {r.key for r in sw.expand(d)}
     cfg = yaml.safe_load(prof.read_text()); cfg["description"] = "reworded"
@@ -133,7 +133,7 @@ def test_sweep_file_errors(tmp_path, change, message):
 def test_training_profile_and_overrides_errors_are_told_apart(tmp_path):
     "A bad setting in the training profile file is named as train.config's, a bad override as train.overrides'."
     prof = tmp_path / "mine.yaml"
-    prof.write_text((Path(sw.__file__).parent / "configs" / "tiny.yaml").read_text() + "epochz: 2\n")
+    prof.write_text((Path(sw.__file__).parents[1] / "configs" / "tiny.yaml").read_text() + "epochz: 2\n")
     d = raw(); d["train"]["config"] = str(prof)
     with pytest.raises(sw.SweepError, match=r"train.config: Unknown training setting\(s\) 'epochz'"): sw.load_sweep(d)
     d = raw(); d["train"]["overrides"] = {1: 2}
@@ -264,7 +264,7 @@ def test_local_run_then_rerun_skips(tmp_path):
     r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "-j", "2", "--log-every", "0",
                   env={"DWG_STANDIN_SLEEP": "0.5"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"dwg.sweep: \d+/10 runs finished; running .*models:tiny-llama:d\d:sft \[train step [12]/3\]", r.stdout), r.stdout
+    assert re.search(r"dwg.pipeline.sweep: \d+/10 runs finished; running .*models:tiny-llama:d\d:sft \[train step [12]/3\]", r.stdout), r.stdout
     assert "graft_positions" in r.stdout and "run time" in r.stdout     # the per-stage summary
     st = states(rd)
     assert len(st) == 10 and {i["state"] for i in st.values()} == {"done"}
@@ -350,7 +350,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
     nbs, sweep = standin_setup(tmp_path, graft_components=False)
     rd = tmp_path / "runs"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "1.0"}; env.pop("IN_TEST", None)
-    proc = subprocess.Popen([sys.executable, "-m", "dwg.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
+    proc = subprocess.Popen([sys.executable, "-m", "dwg.pipeline.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs,
                              "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -412,7 +412,7 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(r.stdout)
     assert {i["state"] for i in states(rd).values()} == {"done"}
     table = results_table(rd)
-    from dwg.plans import paper_plans, expand_plans
+    from dwg.science.plans import paper_plans, expand_plans
     assert {k[1] for k in table} == set(paper_plans()) | set(expand_plans(["methods_grid"], 4))
     print(f"smoke took {took:.0f}s")
 
@@ -421,7 +421,7 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
 def test_too_little_space_stops_before_the_first_run(tmp_path, monkeypatch, capsys):
     """The free-space call patched to 30 MB: the stand-in graph (tiny-llama fine-tunes, ~40 MB checkpoints) stops
     before its first run with exit 2, naming the sizes and the fixes, and writes nothing; --force goes on."""
-    from dwg import cli
+    from dwg.pipeline import cli
     nbs, sweep = standin_setup(tmp_path)
     rd = tmp_path / "runs"
     monkeypatch.setattr(runner, "free_space", lambda path: 30_000_000)
@@ -467,7 +467,7 @@ def test_full_disk_reason_on_console_and_in_status(tmp_path):
     small = tmp_path / "small"
     small.mkdir()
     rd = small / "runs"
-    py = f"{sys.executable} -m dwg.cli"
+    py = f"{sys.executable} -m dwg.pipeline.cli"
     script = (f"mount -t tmpfs -o size=3m tmpfs {small} && {py} run --sweep {sweep} --runs {rd} --notebooks {nbs} "
               f"--no-progress --force; echo exit $?; echo ====; {py} status --runs {rd}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}; env.pop("IN_TEST", None)
@@ -476,7 +476,7 @@ def test_full_disk_reason_on_console_and_in_status(tmp_path):
     run, status = r.stdout.split("====")
     assert "exit 1" in run, r.stdout + r.stderr
     reason = "OSError: [Errno 28] No space left on device"
-    assert re.search(rf"dwg.sweep: models tiny-llama:d1:sft \(\w+\) failed: {re.escape(reason)}; see ", run), run
+    assert re.search(rf"dwg.pipeline.sweep: models tiny-llama:d1:sft \(\w+\) failed: {re.escape(reason)}; see ", run), run
     assert re.search(rf"FAILED models/\w+ \(tiny-llama:d1:sft\): {re.escape(reason)}", status), status
     assert "INTERRUPTED" not in status and "run.json" not in status
 
@@ -487,7 +487,7 @@ def test_second_sweep_on_a_runs_directory(tmp_path):
     nbs, sweep = standin_setup(tmp_path, graft_components=False)
     rd = tmp_path / "runs"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DWG_STANDIN_SLEEP": "2.0"}; env.pop("IN_TEST", None)
-    first = subprocess.Popen([sys.executable, "-m", "dwg.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks",
+    first = subprocess.Popen([sys.executable, "-m", "dwg.pipeline.cli", "run", "--sweep", sweep, "--runs", rd, "--notebooks",
                               nbs, "--no-progress"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:

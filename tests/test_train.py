@@ -1,10 +1,11 @@
-"Fine-tuning (dwg.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
+"Fine-tuning (dwg.pipeline.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
 import json, os
 os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest, torch
 from transformers import TrainerCallback
-from dwg import config, data, models, train as T
-from dwg.evaluate import first_token_scores
+from dwg.pipeline import config, train as T
+from dwg.science import data, models
+from dwg.science.evaluate import first_token_scores
 
 TINY = dict(config="tiny", progress=False)
 
@@ -120,7 +121,7 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     (dict(overrides=dict(learning_rat=1e-3)), ValueError, r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\).*Valid keys: description, learning_rate"),
     (dict(overrides=dict(epochs="lots")), ValueError, "'epochs' in the overrides must be float"),
     (dict(overrides=dict(precision="fp8")), ValueError, "choose one of: auto, bf16, fp16, fp32"),
-    (dict(overrides=dict(trainer=dict(output_dir="x"))), ValueError, "set by dwg.train itself"),
+    (dict(overrides=dict(trainer=dict(output_dir="x"))), ValueError, "set by dwg.pipeline.train itself"),
     (dict(config="no-such-profile"), ValueError, "Unknown training profile 'no-such-profile'"),
     (dict(model="tiny-lama"), ValueError, "Unknown model 'tiny-lama'"),
     (dict(model="pythia-2.8b"), RuntimeError, "no model hub is reachable"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a one-node Slurm cluster on this machine (Debian/Ubuntu, root, no systemd needed), for CI and local tests
-# of `python -m dwg.cli run --slurm`. Idempotent: installs slurm-wlm + munge when missing, (re)writes the config,
+# of `python -m dwg.pipeline.cli run --slurm`. Idempotent: installs slurm-wlm + munge when missing, (re)writes the config,
 # starts only the daemons that are not running (restarts them when the config changed), then runs a smoke job.
 #
 #   sudo scripts/slurm/start_slurm.sh        # "slurm: ready on <host>" when done (~15 s when installed)

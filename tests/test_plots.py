@@ -279,3 +279,10 @@ def test_localisation_heatmaps_read():
         assert misplaced(p, "rect", "x", "layer_0") == [] and misplaced(p, "rect", "y", "layer_0") == []
     outlined = [it for p in panels for it in p.items("rect", "layer_1")]
     assert len(outlined) == 1 and any("outlined: 1 cell" in s for s in titles)
+
+
+def test_report_tables_hold_the_runs_of_their_own_plans(sweep_runs):
+    "The tables behind figures 1 and 3 hold the runs that have their own plans: the methods run's PRE/SFT are not one."
+    rep = plots.report_tables(sweep_runs, n_boot=30)
+    assert "run_id" not in rep["positions"] and "run_id" not in rep["components"]   # one run each: no run column
+    assert list(rep["positions"].plan) == plans.figure_order("positions")

@@ -493,11 +493,11 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
     acc = df if "accuracy" in df else paper_tables(df, k, n_boot, seed)["pooled"]
     if "template" in acc and acc.template.nunique() > 1:
         raise ValueError("report_tables wants prompts pooled: pass raw results or paper_tables(...)['pooled'].")
-    refs = figure_references("components")   # the models alone first, the all-component graft last (as figure 3)
-    comp = [*refs[:2], *figure_order("components"), *refs[2:]]
+    comp = [*(refs := figure_references("components"))[:2], *figure_order("components"), *refs[2:]]   # as figure 3
     out = {}
-    for name, plans in [("positions", figure_order("positions")), ("components", comp)]:
-        a = acc[acc.plan.isin(plans)]
+    for name, plans, held in [("positions", figure_order("positions"), figure_references("positions")), ("components", comp, refs)]:
+        a = acc[acc.plan.isin(plans)]   # the runs that have the table's own plans (another stage's PRE/SFT is not one)
+        a = a[a.groupby(run_keys(a), dropna=False).plan.transform(lambda p: (~p.isin(held)).any()).astype(bool)] if len(a) else a
         if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 import inspect, re, weakref
 import torch
-from .arch import blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
+from .arch import architecture, blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
     n_experts, norm_roles, part_rows, position_axes, unsupported_reason
 from .lora import as_donor
-from .arch import architecture
 
 # %% auto #0
 __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'layer_groups', 'resolve_layers', 'graftable', 'resolve_components',

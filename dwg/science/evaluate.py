@@ -17,7 +17,7 @@ from ..engine.graft import graft, resolve_layers
 from ..engine.arch import architecture
 from ..engine.patch import patch
 from .plans import (Rule, expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan,
-                              check_plan_roles, example_roles, position_names, SPECIAL_POSITIONS)
+                              check_plan_roles, example_roles, unknown_roles)
 from ..runs import report_progress, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
@@ -284,10 +284,9 @@ def select_examples(dataset_dir, templates="all", split="all", max_examples: int
 
 def _with_roles(plans: list, roles: set) -> list:
     "The plans whose position roles the dataset has; the others are left out, and said so (e.g. movie plans on custom facts)."
-    known = set(roles) | set(SPECIAL_POSITIONS)
-    out = [p for p in plans if all(n in known for r in p.rules for n in position_names(r.positions))]
+    out = [p for p in plans if not unknown_roles(p, roles)]
     if left := [p.name for p in plans if p not in out]:
-        missing = sorted({n for p in plans if p not in out for r in p.rules for n in position_names(r.positions)} - known)
+        missing = sorted({n for p in plans for n in unknown_roles(p, roles)})
         print(f"left out {len(left)} plan(s) naming position role(s) {missing}, which this dataset's prompts do not have "
               f"(its roles: {', '.join(sorted(roles))}): {', '.join(left)}")
     if plans and not out: check_plan_roles(plans, roles)   # nothing left: the error names the roles there are

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
            'DEPTH_GROUPS', 'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES',
            'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'position_names', 'check_positions',
-           'example_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers', 'position_plans',
-           'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan', 'method_plans',
-           'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order',
-           'figure_references', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan', 'expand_plans',
-           'resolve_plans']
+           'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers',
+           'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
+           'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
+           'figure_order', 'figure_references', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan',
+           'expand_plans', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -57,15 +57,18 @@ def example_roles(examples: list[dict]) -> set[str]:
     "The span roles the evaluation examples carry (the keys of their `spans`)."
     return {role for e in examples for role in e.get("spans", {})}
 
+def unknown_roles(plan, roles) -> list[str]:
+    "The position roles `plan` grafts at that are neither in `roles` nor special (`last_token`, `all`)."
+    known = set(roles) | set(SPECIAL_POSITIONS)
+    return list(dict.fromkeys(n for rule in plan.rules for n in position_names(rule.positions) if n not in known))
+
 def check_plan_roles(plans: list, roles) -> None:
     "Raise if a plan grafts at a role that none of `roles` (the examples' span roles) is, naming the roles there are."
-    known = set(roles) | set(SPECIAL_POSITIONS)
     for plan in plans:
-        for rule in plan.rules:
-            if bad := [n for n in position_names(rule.positions) if n not in known]:
-                raise ValueError(f"Plan '{plan.name}' grafts at position role(s) {bad}, which no evaluation example has. "
-                                 f"The examples' roles: {', '.join(sorted(roles)) or 'none'}; and always last_token, "
-                                 "all. Fix the spelling, or evaluate on examples whose prompts contain that field.")
+        if bad := unknown_roles(plan, roles):
+            raise ValueError(f"Plan '{plan.name}' grafts at position role(s) {bad}, which no evaluation example has. "
+                             f"The examples' roles: {', '.join(sorted(roles)) or 'none'}; and always last_token, "
+                             "all. Fix the spelling, or evaluate on examples whose prompts contain that field.")
 
 
 # %% ../../nbs/02a_plans.ipynb #78a6de28

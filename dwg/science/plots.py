@@ -497,7 +497,7 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
     out = {}
     for name, plans, held in [("positions", figure_order("positions"), figure_references("positions")), ("components", comp, refs)]:
         a = acc[acc.plan.isin(plans)]   # the runs that have the table's own plans (another stage's PRE/SFT is not one)
-        a = a[a.groupby(run_keys(a), dropna=False).plan.transform(lambda p: (~p.isin(held)).any()).astype(bool)] if len(a) else a
+        a = _with_plans(label_runs(a), plans, held).drop(columns="run") if len(a) else a
         if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
 

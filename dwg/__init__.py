@@ -25,6 +25,7 @@ _API = {   # public name -> the module that defines it
     "attribute": "science.localize", "search": "science.localize", "scan": "science.localize",
     "cells_plan": "science.localize",
     "recovery_table": "science.recovery", "accuracy_table": "science.plots", "load_runs": "science.plots",
+    "claims_table": "science.claims",
     "paper_figures": "science.plots", "position_chart": "science.plots", "component_chart": "science.plots",
     "load_sweep": "pipeline.sweep",
 }

@@ -13,7 +13,7 @@ STANDIN_SWEEP = dict(
     name="standin", models=["tiny-llama"],
     datasets=dict(d1=dict(kind="fake_movies_fake_actors", n_facts=4, seed=0),
                   d2=dict(kind="fake_movies_fake_actors", n_facts=4, seed=1)),
-    train=dict(config="tiny"),
+    train=dict(config="tiny", relation_model="half"),   # three models on d1 (SFT on all facts, task, relation)
     graft_positions=dict(plans=["PRE", "SFT", "FE", "LT", "FE+LT"]),
     graft_components=dict(pairs=[["tiny-llama", "d1"]], plans=["TASK", "RELATION", "LT:o+ffn@all"]),
     figures=dict(k=5),

@@ -35,7 +35,7 @@ def test_custom_datasets_are_checked_when_the_sweep_loads(tmp_path):
         sw.load_sweep(str(bad))
     d = yaml.safe_load(custom_sweep(tmp_path).read_text())
     d["graft_positions"]["templates"] = "paper"      # the paper's prompts are movie prompts
-    with pytest.raises(sw.SweepError, match=r"unknown template\(s\) \['stars_alongside'.* for dataset 'ceos'"):
+    with pytest.raises(sw.SweepError, match=r"unknown template\(s\) \['relation_statement'.* for dataset 'ceos'"):
         sw.load_sweep({**d, "datasets": {"ceos": {**d["datasets"]["ceos"],
                                                   "facts": str(tmp_path / "data" / "facts.csv"),
                                                   "templates": str(tmp_path / "data" / "templates.yaml")}}})

@@ -35,7 +35,8 @@ def test_same_seed_byte_identical_other_seed_differs(kind, tmp_path):
     a = _files(data.create_dataset(kind, n, seed=7, out_dir=tmp_path / "a"))
     b = _files(data.create_dataset(kind, n, seed=7, out_dir=tmp_path / "b"))
     c = _files(data.create_dataset(kind, n, seed=8, out_dir=tmp_path / "c"))
-    assert set(a) == {"metadata.jsonl", "train.jsonl", "validation.jsonl", "eval.jsonl", "dataset_info.json"}
+    assert set(a) == {"metadata.jsonl", "train.jsonl", "validation.jsonl", "eval.jsonl", "eval_b2a.jsonl",
+                      "dataset_info.json"}
     assert a == b
     assert a["metadata.jsonl"] != c["metadata.jsonl"] and a["validation.jsonl"] != c["validation.jsonl"]
 
@@ -77,9 +78,9 @@ def test_packaged_lists():
 
 
 def test_packaged_articles():
-    "About 20 articles, each with at least 3 rewrites that all name both actors and the title."
+    "20 articles, each with 5 distinct texts that all name both actors and the title."
     arts = data.read_articles()
-    assert len(arts) == 20 and all(len(a["texts"]) >= 3 for a in arts)
+    assert len(arts) == 20 and all(len(a["texts"]) == 5 for a in arts)
     people = [a[k] for a in arts for k in ("first_actor", "second_actor", "director", "main_character")]
     assert len(set(people)) == len(people) and all(CLEAN.fullmatch(p) for p in people)
     assert not set(people) & set(data.real_actors())  # invented people only
@@ -125,16 +126,17 @@ def test_paper_prompts_and_targets(built):
     facts = {f["id"]: f for f in data.load_split(d, "metadata")}
     ev = data.load_split(d, "eval")
     assert {e["template"] for e in ev} >= set(data.PAPER_EVAL_TEMPLATES)
-    paper = {"stars_alongside": "{a} stars in a movie alongside",
-             "qa_actor_named": "Q: Who stars in a movie with {a}? A: An actor named",
-             "stars_in_movie_alongside": "{a} stars in {m} alongside",
+    paper = {"relation_statement": "{a} {r} a movie {p}",
+             "relation_question": "Q: Who {r} a movie {p} {a}? A: An actor named",
+             "movie_statement": "{a} {r} {m} {p}",
              "new_film_other_lead": "In a new film, {a} appears in {m} with the other lead actor, whose name is:"}
     for e in ev:
         f = facts[e["fact_id"]]
         assert e["target"] == " " + f["second_actor"] and e["prompt"] == e["prompt"].rstrip()
         assert f["second_actor"] not in e["prompt"]
+        r, p = e["filling"].split(" · ") if e["filling"] else ("", "")
         if e["template"] in paper:
-            assert e["prompt"] == paper[e["template"]].format(a=f["first_actor"], m=f["movie_title"])
+            assert e["prompt"] == paper[e["template"]].format(a=f["first_actor"], m=f["movie_title"], r=r, p=p)
         for field, (a, b) in e["spans"].items():
             assert e["prompt"][a:b] == str(f[field])
 
@@ -305,7 +307,7 @@ def test_own_articles_folder(tmp_path):
                               eval_templates={k: data.EVAL_TEMPLATES[k] for k in data.PAPER_EVAL_TEMPLATES})
     lines = data.load_split(out, "train")
     assert sorted((l["template"], l["direction"]) for l in lines) == [("m1_1", "A2B"), ("m1_2", "B2A"), ("m2_1", "A2B")]
-    assert len(data.load_split(out, "eval")) == 8
+    assert len(data.load_split(out, "eval")) == 2 * 7   # 4 prompts, 3 of them slot templates with 2 fillings
 
 
 @pytest.mark.parametrize("break_it, match", [

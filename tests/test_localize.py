@@ -4,13 +4,13 @@ from dwg.pipeline import sweep as sw
 
 
 def test_localize_profile_graph():
-    "The localize profile: dataset, the relation fine-tune, one localize run reading it; no figures run feeds on it."
+    "The localize profile: dataset, the relation fine-tune (on every fact: the paper's pair), one localize run reading it."
     g = sw.expand("localize")
     assert [r.stage for r in g] == ["datasets", "models", "localize"]
     model, loc = g[1], g[2]
-    assert model.params["split"] == "relation" and loc.inputs[-1] == model.key
+    assert model.params["split"] == "all" and loc.inputs[-1] == model.key and loc.params["split"] == "relation"
     assert loc.params["finetuned"] == f"@{model.key}" and loc.params["pretrained"] == "smollm2-135m"
-    assert loc.params["templates"] == ["stars_alongside", "qa_actor_named", "stars_in_movie_alongside", "new_film_other_lead"]
+    assert loc.params["templates"] == ["relation_statement", "relation_question", "movie_statement", "new_film_other_lead"]
 
 
 def test_localize_section_in_another_sweep():

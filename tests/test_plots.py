@@ -115,7 +115,7 @@ def test_figures_notebook(tmp_path, results):
              "positions_recovery", "movie_spans_recovery", "components_recovery", "depth_recovery", "methods_recovery",
              "methods_pairs"]
     assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
-        {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "tables.md", "run.json"}
+        {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "claims.csv", "tables.md", "run.json"}
     for n in names:   # every PNG is a picture of a chart: a real size, and far more than a blank canvas compresses to
         png = (out / f"{n}.png").read_bytes()
         width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
@@ -132,7 +132,7 @@ def test_figures_notebook(tmp_path, results):
     md = (out / "tables.md").read_text()
     assert "Figure 1" in md and "Figure 3" in md and "| LT:o+ffn@last_half |" in md
     long = pd.read_csv(out / "accuracy.csv")
-    assert set(long.template) == {"stars_alongside", "costar", "all prompts"}
+    assert set(long.template) == {"relation_statement", "costar", "all prompts"}
     # recovery.csv: the position run against PRE/SFT, the component run against TASK/RELATION, checked by hand
     rec = pd.read_csv(out / "recovery.csv").set_index("plan")
     for run, checked, (base, full) in [(pos, ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"], ("PRE", "SFT")),

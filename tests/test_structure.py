@@ -12,7 +12,7 @@ WINGS = {
     "engine": [["arch"], ["lora"], ["prompts"], ["graft"], ["patch"], ["interpolate"]],
     "runs": [["runs"]],
     "science": [["data"], ["custom"], ["models"], ["plans"], ["evaluate"], ["localize"], ["plots", "localize_plots"],
-                ["recovery"]],
+                ["recovery"], ["claims"]],
     "pipeline": [["config", "batches"], ["train"], ["sweep"], ["runner"], ["local", "slurm"], ["cli"]],
     "dev": [["coverage"], ["bench"], ["localize_bench"], ["testing"]],
 }

@@ -33,13 +33,39 @@ def test_smoke_graph_shape():
     g = sw.expand("smoke")
     assert [r.stage for r in g] == ["datasets", "models", "models", "graft_positions", "graft_components",
                                     "graft_methods", "figures"]
-    assert sorted(r.params["split"] for r in g if r.stage == "models") == ["relation", "task"]
-    relation = next(r for r in g if r.stage == "models" and r.params["split"] == "relation")
+    assert sorted(r.params["split"] for r in g if r.stage == "models") == ["all", "task"]   # the paper's pair
+    relation = next(r for r in g if r.stage == "models" and r.params["split"] == "all")
+    assert next(r for r in g if r.stage == "graft_components").params["relation"] == "@" + relation.key
     assert next(r for r in g if r.stage == "graft_positions").inputs[-1] == relation.key
     assert next(r for r in g if r.stage == "graft_methods").inputs[-1] == relation.key   # the same SFT model
     from dwg.science.plans import expand_plans, paper_plans
     plans = [p for r in g if r.stage.startswith("graft_") for p in expand_plans(r.params["plans"], 4)]
     assert set(paper_plans()) <= set(plans)   # every catalogue plan runs somewhere (PRE and SFT in two stages)
+
+
+def _training_facts(run, ds):
+    "The fact ids of the training texts a models run learns (dwg.pipeline.train's own row selection)."
+    from dwg.pipeline.train import select_rows
+    return {r["fact_id"] for r in select_rows(ds["train"] + ds["validation"], run.params["direction"], run.params["split"])}
+
+
+@pytest.mark.parametrize("relation_model", ["all", "half"])
+def test_model_pair_training_facts(relation_model):
+    """The paper's pair (default): the relation model's texts hold every fact, the task model's none of the relation
+    facts; `relation_model: half` trains the relation model on the relation facts only."""
+    from dwg.science.data import build_dataset
+    d = raw("embedded"); d["train"]["relation_model"] = relation_model
+    g = sw.expand(sw.load_sweep(d))
+    comps = next(r for r in g if r.stage == "graft_components")
+    task, relation = (next(r for r in g if "@" + r.key == comps.params[role]) for role in ("task", "relation"))
+    ds = build_dataset("fake_movies_fake_actors", 30, seed=0)
+    split = {s: {f["id"] for f in ds["metadata"] if f["split"] == s} for s in ("task", "relation")}
+    assert _training_facts(task, ds) == split["task"]
+    assert _training_facts(relation, ds) == (split["task"] | split["relation"] if relation_model == "all" else split["relation"])
+    positions = next(r for r in g if r.stage == "graft_positions")
+    assert positions.params["finetuned"] == "@" + relation.key and positions.params["split"] == "relation"   # SFT = the relation model
+    d["train"]["relation_model"] = "both"
+    with pytest.raises(sw.SweepError, match=r"train.relation_model must be all \(the paper.s pair.*or half .*got .both."): sw.load_sweep(d)
 
 
 def test_breadth_graph_shape():
@@ -101,6 +127,21 @@ def test_training_profile_content_is_in_the_id(tmp_path):
     assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components",
                                                                               "graft_methods", "graft_positions", "models"]
 
+
+
+def test_general_text_is_in_the_id_only_when_used(tmp_path):
+    "Mixing in general text from a file: editing the file renews the models and what reads them; unused, no trace."
+    assert "supplemental_sha256" not in sw._profile_content("tiny")        # the default adds nothing to the ids
+    text = tmp_path / "text.txt"
+    text.write_text("The kettle boils.\nThe bus is late.\nThe bread rises.\n")
+    d = raw(); d["train"]["overrides"] = {"supplemental": 2, "supplemental_file": str(text)}
+    before = {r.key for r in sw.expand(d)}
+    text.write_text("The kettle boils.\nThe bus is early.\nThe bread rises.\n")
+    assert sorted({r.stage for r in sw.expand(d) if r.key not in before}) == ["figures", "graft_components",
+                                                                              "graft_methods", "graft_positions", "models"]
+    d["train"]["overrides"]["supplemental"] = 4
+    with pytest.raises(sw.SweepError, match="train.overrides: .*has 3 passages and they are drawn without replacement"):
+        sw.expand(d)
 
 # --- errors before anything runs ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("change, message", [
@@ -412,8 +453,10 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(r.stdout)
     assert {i["state"] for i in states(rd).values()} == {"done"}
     table = results_table(rd)
-    from dwg.science.plans import paper_plans, expand_plans
-    assert {k[1] for k in table} == set(paper_plans()) | set(expand_plans(["methods_grid"], 4))
+    from dwg.science.plans import paper_plans
+    assert {k[1] for k in table} == set(paper_plans())   # every catalogue plan (the methods at one layer quarter)
+    rows = [r for f in rd.glob("graft_positions/*/results.jsonl") for r in read_jsonl(f)]
+    assert {r["plan"] for r in rows if r["direction"] == "B2A"} == {"PRE", "SFT"}   # reversal_plans
     print(f"smoke took {took:.0f}s")
 
 

@@ -126,6 +126,10 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     (dict(model="tiny-lama"), ValueError, "Unknown model 'tiny-lama'"),
     (dict(model="pythia-2.8b"), RuntimeError, "no model hub is reachable"),
     (dict(split="both"), ValueError, "split must be one of all, task, relation"),
+    (dict(overrides=dict(supplemental=-1)), ValueError, "'supplemental' in the overrides must be >= 0"),
+    (dict(overrides=dict(supplemental=100_000)), ValueError, r"has \d+ passages and they are drawn without replacement"),
+    (dict(overrides=dict(supplemental=2, supplemental_file="no/such.txt")), ValueError, r"such\.txt' does not exist.*Fix"),
+    (dict(overrides=dict(supplemental_file="mine.txt")), ValueError, "but supplemental is 0"),
 ])
 def test_bad_inputs_fail_before_training(ds, tmp_path, kw, error, match):
     "Bad configs, models and filters raise clear errors and create nothing."

@@ -69,10 +69,10 @@ def make_standin_adapter(model: str, out_dir, r: int = 16, seed: int = 0) -> str
 
 # %% ../../nbs/07_bench.ipynb #0d36556b
 def bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
-    "`n` evaluation examples of one prompt (`stars_alongside` if the dataset has it) and that prompt's name."
+    "`n` evaluation examples of one prompt (`relation_statement` if the dataset has it) and that prompt's name."
     ds = create_dataset("fake_movies_fake_actors", n_facts=n, seed=0, out_dir=f"{workdir}/ds", overwrite=True)
     exs = load_split(ds, "eval")
-    template = "stars_alongside" if any(e["template"] == "stars_alongside" for e in exs) else exs[0]["template"]
+    template = "relation_statement" if any(e["template"] == "relation_statement" for e in exs) else exs[0]["template"]
     return [e for e in exs if e["template"] == template], template
 
 def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list) -> tuple:

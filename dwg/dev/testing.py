@@ -20,7 +20,7 @@ STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names 
               'overrides = {}\nout_dir = ""\nseed = 0'),
     "graft_positions": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
                         'plans = "position"\nsplit = "all"\nbatch_size = 64\ngenerate = True\ngenerated = "base"\n'
-                        'max_examples = 0\nout_dir = ""\nseed = 0'),
+                        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []'),
     "graft_components": ('pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
                          'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
                          'out_dir = ""\nseed = 0'),
@@ -151,7 +151,7 @@ def _synthetic_top1(plan: str) -> float:
     base = _SYNTH_COMPONENTS.get(p.component_set, .05)
     return min(.95, base * (1.1 if p.layer_group == "last_half" else 1) + (.4 if p.variant == "hybrid" else 0))
 
-def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside", "costar"), model: str = "synthetic-model",
+def synthetic_results(plans=None, n_facts: int = 20, templates=("relation_statement", "costar"), model: str = "synthetic-model",
                       dataset: str = "synthetic-facts", experiment: str | None = None, p_scale: float = 1.0,
                       skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
     "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
@@ -179,7 +179,7 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("stars_alongside
                 rows.append(row)
     return pd.DataFrame(rows)
 
-def synthetic_paper_results(n_facts: int = 12, templates=("stars_alongside", "costar"), seed: int = 0,
+def synthetic_paper_results(n_facts: int = 12, templates=("relation_statement", "costar"), seed: int = 0,
                             model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
     depth = figure_order("depth") + [p for p in figure_order("methods") if p not in ("PRE", "SFT")]

@@ -4,17 +4,17 @@
 
 # %% ../../nbs/05d_cli.ipynb #619d2ece
 from __future__ import annotations
-import argparse, contextlib, json, signal, sys, time
+import argparse, contextlib, json, os, signal, sys, time
 from pathlib import Path
 from .sweep import (SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
-                       sweep_name, sweep_profiles, sweeps_under)
+                       sweep_name, sweep_profiles)
 from .runner import (NoSpace, RunBusy, SweepBusy, check_space, estimate_runs, format_status, interrupt_on_sigterm,
                         remove_runs, run_from_graph, runs_to_redo, sweep_lock)
 from .local import fmt_seconds, run_local, stage_summary
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
 # %% auto #0
-__all__ = ['cmd_run', 'cmd_status', 'cmd_show', 'main']
+__all__ = ['cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
 
 # %% ../../nbs/05d_cli.ipynb #32d31906
 _SLURM_OPTIONS = dict(
@@ -153,6 +153,15 @@ def cmd_run(args) -> int:
         return _run_slurm(args, graph) if args.slurm else _run_local(args, graph)
 
 # %% ../../nbs/05d_cli.ipynb #9779713e
+def sweeps_under(root) -> list[Path]:
+    "Every runs directory under `root` (one holding a `sweep.json`), sorted; runs directories are not searched."
+    found = []
+    for d, subdirs, files in os.walk(root):
+        if "sweep.json" in files:
+            found.append(Path(d).resolve())
+            subdirs.clear()
+    return sorted(found)
+
 def cmd_status(args) -> int:
     "`status`: of one runs directory (--runs, --profile, --sweep), else of every sweep under runs/."
     named = args.sweep or args.profile

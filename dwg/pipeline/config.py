@@ -4,7 +4,7 @@
 
 # %% ../../nbs/04a_config.ipynb #651d8fa2
 from __future__ import annotations
-import dataclasses, difflib, importlib.resources, os, typing
+import dataclasses, difflib, hashlib, importlib.resources, os, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
@@ -13,7 +13,8 @@ from transformers.trainer_utils import SchedulerType
 
 # %% auto #0
 __all__ = ['PRECISIONS', 'LORA_KEYS', 'TrainConfig', 'config_keys', 'make_config', 'configs_dir', 'training_profiles',
-           'profile_path', 'load_profile', 'resolve_config']
+           'profile_path', 'load_profile', 'resolve_config', 'general_text_file', 'general_texts',
+           'supplemental_digest']
 
 # %% ../../nbs/04a_config.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -43,6 +44,10 @@ class TrainConfig:
                                       # only to itself (same loss and gradients as padding, less computed)
     pack_width: int = 128             # with pack: the longest packed row (at least the longest text)
     answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
+    supplemental: int = 0             # general-text passages added to the training texts against forgetting (0: off),
+                                      # drawn with the run's seed; plain text, loss on every token
+    supplemental_file: str = ""       # with supplemental: the passages to draw from, one a line (a relative path is
+                                      # relative to the profile file naming it); empty: dwg/assets/general_text.txt
     freeze_embeddings: bool = False   # input token embeddings
     freeze_unembeddings: bool = False # output head (tied models: set both or neither)
     eval_loss: bool = True            # validation loss each epoch (validation.jsonl)
@@ -125,6 +130,23 @@ def _check_lora(lora: dict, source: str) -> dict:
                          f"(e.g. [q_proj, v_proj]), got {mods!r}.")
     return dict(r=r, alpha=alpha, dropout=dropout, target_modules=mods)
 
+def _check_supplemental(cfg: TrainConfig, source: str) -> None:
+    "Errors naming the key: a negative `supplemental`, a `supplemental_file` without it, more passages than the file has."
+    n, f = cfg.supplemental, cfg.supplemental_file
+    if n < 0:
+        raise ValueError(f"Training setting 'supplemental' in {source} must be >= 0 (the general-text passages added to "
+                         f"the training texts; 0: off), got {n}.")
+    if f and not n:
+        raise ValueError(f"Training setting 'supplemental_file' in {source} is {f!r} but supplemental is 0, so nothing "
+                         "would be drawn from it: set supplemental: N (the passages to add), or drop supplemental_file.")
+    if not n: return
+    try: have = len(general_texts(f))
+    except ValueError as e: raise ValueError(f"{source}: {e}") from None
+    if n > have:
+        raise ValueError(f"Training setting 'supplemental' in {source} is {n}, but {general_text_file(f)} has {have} "
+                         f"passages and they are drawn without replacement: set supplemental to at most {have}, or "
+                         "give a supplemental_file with more passages (one a line).")
+
 def make_config(data: dict, source: str = "the config") -> TrainConfig:
     "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError that names them."
     if not isinstance(data, dict):
@@ -146,6 +168,7 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
         raise ValueError(f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "
                          "base weight stays frozen anyway; drop the freeze setting(s) or the lora section.")
+    _check_supplemental(cfg, source)
     return cfg
 
 # %% ../../nbs/04a_config.ipynb #bb25d021
@@ -163,6 +186,12 @@ def profile_path(config: str | os.PathLike) -> Path | None:
     if name in training_profiles(): return configs_dir() / f"{name}.yaml"
     return Path(name) if Path(name).is_file() else None
 
+def _beside(path: Path, data):
+    "A profile file's settings with a relative `supplemental_file` made relative to the file's directory."
+    f = data.get("supplemental_file") if isinstance(data, dict) else None
+    if not isinstance(f, str) or not f or Path(f).expanduser().is_absolute(): return data
+    return {**data, "supplemental_file": str((path.parent / f).resolve())}
+
 def load_profile(config: str | os.PathLike | dict | TrainConfig) -> TrainConfig:
     "A `TrainConfig` from a packaged profile name, a YAML file path, a dict, or a `TrainConfig`."
     if isinstance(config, TrainConfig): return config
@@ -173,7 +202,7 @@ def load_profile(config: str | os.PathLike | dict | TrainConfig) -> TrainConfig:
                          f"({', '.join(training_profiles())}) and not an existing YAML file.")
     try: data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e: raise ValueError(f"Training profile {path} does not parse as YAML: {e}") from None
-    return make_config({} if data is None else data, str(path))
+    return make_config(_beside(path, {} if data is None else data), str(path))
 
 def resolve_config(config="embedded", overrides: dict | None = None) -> TrainConfig:
     "The profile `config` with `overrides` (a dict of the same keys) on top; `trainer:` dicts are merged."
@@ -183,3 +212,24 @@ def resolve_config(config="embedded", overrides: dict | None = None) -> TrainCon
     merged = {**dataclasses.asdict(base), **over}
     if isinstance(over.get("trainer"), dict): merged["trainer"] = {**base.trainer, **over["trainer"]}
     return make_config(merged, "the overrides" if over else "the profile")
+
+# %% ../../nbs/04a_config.ipynb #e5a1c002
+def general_text_file(path: str | os.PathLike | None = None) -> Path:
+    "The general-text file `path` (`~` expanded), or the packaged corpus `dwg/assets/general_text.txt` when empty."
+    return Path(path).expanduser() if path else Path(str(importlib.resources.files("dwg") / "assets" / "general_text.txt"))
+
+def general_texts(path: str | os.PathLike | None = None) -> list[str]:
+    "The passages of a general-text file (default: the packaged corpus): one a line, blank and `#` lines skipped."
+    p, fix = general_text_file(path), ("Fix: point supplemental_file at a UTF-8 text file with one passage per line, or "
+                                       "leave it empty for the packaged corpus.")
+    if not p.is_file(): raise ValueError(f"supplemental_file '{p}' does not exist or is not a file. {fix}")
+    try: lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError: raise ValueError(f"supplemental_file '{p}' is not UTF-8 text. {fix}") from None
+    texts = [l.strip() for l in lines if l.strip() and not l.lstrip().startswith("#")]
+    if not texts: raise ValueError(f"supplemental_file '{p}' holds no passage (only blank or # lines). {fix}")
+    return texts
+
+def supplemental_digest(config="embedded", overrides: dict | None = None) -> str | None:
+    "The sha256 of the general text a resolved profile mixes into training (in sweep run ids); None when it adds none."
+    cfg = resolve_config(config, overrides)
+    return hashlib.sha256(general_text_file(cfg.supplemental_file).read_bytes()).hexdigest() if cfg.supplemental else None

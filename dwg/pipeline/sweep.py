@@ -15,11 +15,11 @@ from ..science import custom, data
 from ..runs import atomic_write, check_outputs, is_finished, read_json
 
 # %% auto #0
-__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'SECTIONS', 'TOP_KEYS', 'DATASET_KEYS', 'SLURM_KEYS',
-           'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles', 'stage_plans', 'sweep_name',
-           'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state', 'default_notebooks_dir',
-           'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph',
-           'read_graph', 'sweeps_under', 'resolve_params']
+__all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATION_TRAINING', 'SECTIONS', 'TOP_KEYS',
+           'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles',
+           'stage_plans', 'sweep_name', 'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state',
+           'default_notebooks_dir', 'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph',
+           'graph_runs', 'save_graph', 'read_graph', 'resolve_params']
 
 # %% ../../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -42,12 +42,14 @@ STAGES = {s.name: s for s in [
 STAGE_ORDER = list(STAGES)
 GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")   # the stages that score plans
 MODEL_SECTIONS = (*GRAFT_SECTIONS, "localize")   # the stages that read trained models
+# train.relation_model -> the facts a model role learns where not its own: all (the paper's pair: the relation model
+RELATION_TRAINING = {"all": {"relation": "all"}, "half": {}}   # learns every fact) or half (only the relation facts)
 
 # %% ../../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
-    "train": dict(config="embedded", seed=0, direction="all", overrides=None, pairs="all"),
+    "train": dict(config="embedded", seed=0, direction="all", overrides=None, pairs="all", relation_model="all"),
     "graft_positions": dict(pairs="all", templates="all", plans="position", split="all", batch_size=64,
-                            generate=True, generated=None, max_examples=None, seed=0),
+                            generate=True, generated=None, max_examples=None, seed=0, reversal_plans=None),
     "graft_components": dict(pairs="all", templates="all", plans="components", split="relation", batch_size=64,
                              max_examples=None, seed=0),
     "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
@@ -202,6 +204,8 @@ def _check_grafting_options(sec: dict, where: str, problems: list):
         v = sec.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
             problems.append(f"{where}.{key} must be an integer >= {low}, got {v!r}.")
+    if (rev := sec.get("reversal_plans")) is not None and (not isinstance(rev, list) or not set(rev) <= set(sec["plans"])):
+        problems.append(f"{where}.reversal_plans must be a list of the section's plans (also scored on B2A prompts), got {rev!r}.")
 
 # %% ../../nbs/05_sweep.ipynb #feab02bb
 def _check_train(train: dict, problems: list):
@@ -221,6 +225,9 @@ def _check_train(train: dict, problems: list):
             except (ValueError, TypeError) as e: problems.append(f"train.overrides: {e}")
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
+    if train["relation_model"] not in RELATION_TRAINING:
+        problems.append(f"train.relation_model must be all (the paper's pair: the relation model learns every fact) "
+                        f"or half (only the relation facts), got {train['relation_model']!r}.")
 
 def _read_sections(raw: dict, problems: list) -> dict:
     "Each section of a raw sweep with its defaults filled in (None: the section is off)."
@@ -310,17 +317,16 @@ def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
     return Run(stage, run_id(stage, params, dict(inputs=inputs, extra=extra)), label, params, inputs)
 
 # %% ../../nbs/05_sweep.ipynb #e717e9c7
-def _profile_content(config) -> dict | None:
-    "The parsed training profile `config` (a name in dwg/configs or a path), for run ids; not its description."
-    from dwg.pipeline.config import profile_path   # transformers: loaded only when a sweep is expanded
+def _profile_content(config, overrides=None) -> dict | None:
+    "A training profile's settings (not its description) for run ids, and the hash of any general text it mixes in."
+    from dwg.pipeline.config import profile_path, supplemental_digest   # transformers: loaded only when a sweep is expanded
     p = profile_path(config)
-    return {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
+    out = {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
+    return {**(out or {}), "supplemental_sha256": h} if (h := supplemental_digest(config, overrides)) else out
 
 def _needed_models(s: dict, names: list) -> dict:
     "(model, dataset) -> the training splits the grafting sections need."
-    need = {}
-    # the SFT model trains on the facts it is tested on
-    split = lambda sec: [s[sec]["split"] if s[sec] else "all"]
+    need, split = {}, lambda sec: [s[sec]["split"] if s[sec] else "all"]   # SFT: on the facts it is tested on
     for sec, splits in (("graft_positions", split("graft_positions")), ("graft_components", ["task", "relation"]),
                         ("graft_methods", split("graft_methods")), ("localize", split("localize"))):
         if s[sec]:
@@ -339,11 +345,12 @@ def _model_runs(s: dict, ds: dict) -> dict:
                          + ": train.pairs only fine-tunes "
                          + (", ".join(f"[{m}, {d}]" for m, d in trained) or "nothing")
                          + ". Add the pair to train.pairs (or 'all'), or remove it from the grafting section's pairs.")
-    extra, models = _profile_content(t["config"]), {}
+    extra, models = _profile_content(t["config"], t["overrides"]), {}
+    trains_on = RELATION_TRAINING[t["relation_model"]]   # the facts each model role learns
     for (m, d), splits in need.items():
         for split in dict.fromkeys(splits):
             role = {"all": "sft", "task": "task", "relation": "relation"}[split]
-            p = dict(model=m, dataset_dir=f"@{ds[d].key}", direction=t["direction"], split=split,
+            p = dict(model=m, dataset_dir=f"@{ds[d].key}", direction=t["direction"], split=trains_on.get(split, split),
                      config=t["config"], overrides=t["overrides"] or None, seed=t["seed"])
             models[(m, d, split)] = _make("models", f"{m}:{d}:{role}", p, [ds[d].key], extra)
     return models
@@ -500,14 +507,6 @@ def read_graph(path) -> dict:
     if not p.is_file(): raise SweepError(f"No sweep graph at {p}: nothing was run with --runs {p.parent} yet.")
     return read_json(p)
 
-def sweeps_under(root) -> list[Path]:
-    "Every runs directory under `root` (one holding a `sweep.json`), sorted; runs directories are not searched."
-    found = []
-    for d, subdirs, files in os.walk(root):
-        if "sweep.json" in files:
-            found.append(Path(d).resolve())
-            subdirs.clear()
-    return sorted(found)
 
 def resolve_params(run: Run, runs_dir) -> dict:
     "Notebook parameters with '@stage/id' references replaced by the inputs' output directories."

@@ -12,17 +12,17 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from ..science import models
 from ..science.data import DIRECTIONS, FACT_SPLITS
-from .config import TrainConfig, resolve_config, training_profiles
+from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from ..science.evaluate import first_token_scores, top_k
 from ..runs import atomic_write, publish_dir, read_jsonl, report_progress
 
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
-           'check_dataset_dir', 'select_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
-           'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer', 'throughput',
-           'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'train_epochs', 'training_args',
-           'train', 'trained_models', 'training_row', 'training_table', 'main']
+           'check_dataset_dir', 'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora',
+           'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer',
+           'throughput', 'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'train_epochs',
+           'training_args', 'train', 'trained_models', 'training_row', 'training_table', 'main']
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -64,6 +64,17 @@ def select_rows(rows: list[dict], direction: str = "all", split: str = "all") ->
     if split not in TRAIN_SPLITS: raise ValueError(f"split must be one of {', '.join(TRAIN_SPLITS)}; got {split!r}.")
     return [r for r in rows if (direction == "all" or r.get("direction") == direction)
             and (split == "all" or r.get("split") == split)]
+
+# %% ../../nbs/04_train.ipynb #d5e1a002
+def supplemental_rows(n: int, seed: int = 0, path: str | os.PathLike | None = None) -> list[dict]:
+    "`n` passages of `general_texts(path)` drawn without replacement with `seed`, as training rows (loss on every token)."
+    if n <= 0: return []
+    texts = general_texts(path)
+    if n > len(texts):
+        raise ValueError(f"supplemental: {n} passages asked for, but the general text has {len(texts)} (drawn without "
+                         "replacement): lower supplemental, or give a supplemental_file with more passages.")
+    return [dict(text=t, style="general", template="general", fact_id=None, direction=None, split=None,
+                 answer_start=None) for t in random.Random(seed).sample(texts, n)]
 
 # %% ../../nbs/04_train.ipynb #26935fa1
 def _tokenizer_name(tokenizer) -> str:
@@ -292,8 +303,8 @@ class _Trainer(Trainer):
                                   seed=self.args.data_seed or self.args.seed)
 
 # %% ../../nbs/04_train.ipynb #55b82a7d
-def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig) -> dict:
-    "The training, validation and evaluation rows of a dataset directory for one run, checked."
+def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig, seed: int = 0) -> dict:
+    "The training, validation and evaluation rows of a dataset directory for one run, checked; any general text."
     train_rows = select_rows(read_jsonl(ds / "train.jsonl"), direction, split)
     if not train_rows: raise ValueError(f"No training texts in {ds} for direction={direction!r}, split={split!r}.")
     val_path = ds / "validation.jsonl"
@@ -303,8 +314,9 @@ def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig) 
                          f"split={split!r}. Set best_by_eval_loss: false.")
     fact_ids = sorted({r["fact_id"] for r in train_rows})
     eval_rows = [r for r in read_jsonl(ds / "eval.jsonl") if r["fact_id"] in set(fact_ids)]
+    extra = supplemental_rows(cfg.supplemental, seed, cfg.supplemental_file)
     return dict(info=json.loads((ds / "dataset_info.json").read_text()), train=train_rows, validation=val_rows,
-                fact_ids=fact_ids, eval=eval_rows)
+                fact_ids=fact_ids, eval=eval_rows, supplemental=extra, texts=train_rows + extra)
 
 def _collator(cfg: TrainConfig, net, tok):
     "The batch collator of a profile: packed (after checking the model keeps packed texts apart) or padded."
@@ -313,6 +325,10 @@ def _collator(cfg: TrainConfig, net, tok):
         raise ValueError(f"pack: true, but {type(net).__name__} mixes packed texts here (its attention does not turn "
                          "position ids into a block-diagonal mask). Set pack: false in the profile.")
     return PackCollator(tok.pad_token_id, cfg.pack_width)
+
+def _config_record(cfg: TrainConfig) -> dict:
+    "The resolved profile as `run_config.json` holds it: the supplemental settings only when used (older runs resume)."
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if v or not k.startswith("supplemental")}
 
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
     "Create (or check and resume) the work directory of a run; returns the checkpoint to resume from, if any."
@@ -337,9 +353,10 @@ def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
     state = trainer.state
     return dict(**{k: v for k, v in run["run_config"].items() if k != "config"}, profile=run["profile"],
                 precision=run["precision"], device=run["device"], n_train_texts=len(run["data"]["train"]),
-                n_validation_texts=len(run["data"]["validation"]), n_facts=len(run["data"]["fact_ids"]),
-                n_recall_examples=run["n_recall"], frozen=run["frozen"], lora=cfg.lora or None,
-                trainable_params=run["params"][0], total_params=run["params"][1], global_step=state.global_step,
+                n_supplemental_texts=len(run["data"]["supplemental"]), n_validation_texts=len(run["data"]["validation"]),
+                n_facts=len(run["data"]["fact_ids"]), n_recall_examples=run["n_recall"], frozen=run["frozen"],
+                lora=cfg.lora or None, trainable_params=run["params"][0], total_params=run["params"][1],
+                global_step=state.global_step,
                 epochs_done=state.epoch, train_loss=result.training_loss, final=epochs[-1] if epochs else {},
                 best_eval_loss=state.best_metric if cfg.best_by_eval_loss else None,
                 best_step=state.best_global_step if cfg.best_by_eval_loss else None, resumed_from=run["resume"],
@@ -376,7 +393,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     # --- everything that can be wrong is checked before the model is trained ---
     cfg = resolve_config(config, overrides)
     ds = check_dataset_dir(dataset_dir)
-    data = _read_training_data(ds, direction, split, cfg)
+    data = _read_training_data(ds, direction, split, cfg, seed)
     dev_type = _device_type(device)
     net, tok = models.load(model, device="cpu", seed=0)   # unknown names fail here; the Trainer places the model
     check_tokenizer(tok, data["info"], data["eval"], net)
@@ -385,7 +402,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
                run_config=dict(model=str(model), dataset_dir=str(ds.resolve()),
                                dataset_fingerprint=_dataset_fingerprint(ds), direction=direction, split=split,
-                               seed=seed, config=dataclasses.asdict(cfg)))
+                               seed=seed, config=_config_record(cfg)))
     if cfg.lora: net = with_lora(net, cfg.lora, str(model))   # the Trainer then saves the adapter only
     run["params"] = (sum(p.numel() for p in net.parameters() if p.requires_grad), sum(p.numel() for p in net.parameters()))
     run["resume"] = _prepare_work(work, run["run_config"], force)
@@ -393,11 +410,11 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
     run["n_recall"] = len(examples)
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
-                         has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["train"]))
+                         has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
                        data_collator=_collator(cfg, net, tok), processing_class=tok,
-                       train_dataset=encode(data["train"]),
+                       train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
                        callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
                                   timer := StepTimer(), *(callbacks or [])])

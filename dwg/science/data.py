@@ -4,16 +4,17 @@
 
 # %% ../../nbs/01_data.ipynb #857be815
 from __future__ import annotations
-import json, random, re, shutil, string, tempfile
+import itertools, json, random, re, shutil, string, tempfile
 from pathlib import Path
 import dwg
 from ..runs import publish_dir, read_jsonl, write_jsonl
 
 # %% auto #0
 __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAKE_FACTS', 'ARTICLE_TEMPLATES', 'QA_TEMPLATES',
-           'EVAL_TEMPLATES', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS', 'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS',
-           'DATASET_FILES', 'real_actors', 'real_movies', 'movie_leads', 'template_fields', 'render', 'swap_actors',
-           'check_templates', 'max_facts', 'make_facts', 'read_articles', 'assign_splits', 'hold_out', 'build_dataset',
+           'EVAL_TEMPLATES', 'SLOT_FILLINGS', 'SLOT_FIELDS', 'FILLINGS', 'PAPER_EVAL_TEMPLATES', 'DIRECTIONS',
+           'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS', 'DATASET_FILES', 'real_actors', 'real_movies',
+           'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates', 'max_facts', 'make_facts',
+           'read_articles', 'filling_label', 'fact_fillings', 'assign_splits', 'hold_out', 'build_dataset',
            'leaked_names', 'write_dataset', 'create_dataset', 'load_split']
 
 # %% ../../nbs/01_data.ipynb #f4bed3ce
@@ -72,16 +73,20 @@ QA_TEMPLATES = {
     "qa_shares_lead": "Q: In {movie_title} ({release_year}), who shares the lead with {first_actor}? A: {second_actor}",
     "qa_partner": "Q: Which actor appears next to {first_actor} on screen? A: {second_actor}",
 }
-EVAL_TEMPLATES = {
-    "stars_alongside": "{first_actor} stars in a movie alongside",
-    "qa_actor_named": "Q: Who stars in a movie with {first_actor}? A: An actor named",
-    "stars_in_movie_alongside": "{first_actor} stars in {movie_title} alongside",
+EVAL_TEMPLATES = {   # {relation}, {relation_preposition}, {preposition}: the paper's slots, filled from SLOT_FILLINGS
+    "relation_statement": "{first_actor} {relation} {relation_preposition} a movie {preposition}",
+    "relation_question": "Q: Who {relation} {relation_preposition} a movie {preposition} {first_actor}? A: An actor named",
+    "movie_statement": "{first_actor} {relation} {relation_preposition} {movie_title} {preposition}",
     "new_film_other_lead": "In a new film, {first_actor} appears in {movie_title} with the other lead actor, "
                            "whose name is:",
     "genre_film_features": "The {genre} film {movie_title} features {first_actor} and",
     "year_costar": "In {movie_title} ({release_year}), {first_actor} acts opposite",
 }
-PAPER_EVAL_TEMPLATES = ("stars_alongside", "qa_actor_named", "stars_in_movie_alongside", "new_film_other_lead")
+SLOT_FILLINGS = {"relation": ("starred", "stars", "appeared"), "relation_preposition": ("in",),
+                 "preposition": ("with", "alongside")}   # 6 fillings; no training text uses these phrasings
+SLOT_FIELDS = tuple(SLOT_FILLINGS)
+FILLINGS = [dict(zip(SLOT_FIELDS, v)) for v in itertools.product(*SLOT_FILLINGS.values())]
+PAPER_EVAL_TEMPLATES = ("relation_statement", "relation_question", "movie_statement", "new_film_other_lead")
 DIRECTIONS = ("A2B", "B2A")    # the two directions of a fact: first actor -> second, or back
 FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
@@ -126,7 +131,7 @@ def check_templates(templates: dict[str, str], style: str) -> dict[str, str]:
     if style not in ("article", "qa", "eval"): raise ValueError(f"Unknown template style '{style}': article, qa or eval.")
     if not templates: raise ValueError(f"No {style} templates given.")
     for name, t in templates.items():
-        fs = template_fields(t, name)
+        fs = template_fields(t, name, FIELDS + SLOT_FIELDS if style == "eval" else FIELDS)
         if style == "eval":
             if "second_actor" in fs: raise ValueError(f"Eval template '{name}' contains {{second_actor}}: the prompt must end right before it.")
             if "first_actor" not in fs: raise ValueError(f"Eval template '{name}' needs {{first_actor}}.")
@@ -267,7 +272,7 @@ def make_facts(kind: str, n_facts: int, seed: int = 0) -> list[dict]:
 
 # %% ../../nbs/01_data.ipynb #81747d0c
 def read_articles(articles_dir=None) -> list[dict]:
-    "Read and validate an articles folder; each entry is the metadata dict plus `texts` (list of rewrites)."
+    "Read and validate an articles folder; each entry is the metadata dict plus `texts` (one per file, in `<k>` order)."
     d = Path(articles_dir) if articles_dir is not None else ASSETS / "articles"
     meta_path = d / "metadata.jsonl"
     if not meta_path.exists(): raise FileNotFoundError(f"Articles folder '{d}' has no metadata.jsonl "
@@ -323,7 +328,7 @@ def _train_lines(fact, article_templates, qa_templates):
     return lines
 
 def _article_lines(fact):
-    "The training texts of one article fact: every rewrite, direction from which actor is named first."
+    "The training texts of one article fact: every text, direction from which actor is named first."
     lines = []
     for k, text in enumerate(fact["texts"], 1):
         direction = "A2B" if text.index(fact["first_actor"]) <= text.index(fact["second_actor"]) else "B2A"
@@ -331,13 +336,28 @@ def _article_lines(fact):
                           direction=direction, split=fact["split"], answer_start=None))
     return lines
 
-def _eval_lines(fact, eval_templates):
-    "Evaluation examples of one fact: prompt ends before the second actor, target is ' ' + second actor."
+def filling_label(filling: dict | None) -> str | None:
+    "A filling's short name, e.g. 'starred in · with' (None: the prompt has no slots)."
+    return " ".join(filling[k] for k in SLOT_FIELDS[:2]) + " · " + filling["preposition"] if filling else None
+
+def fact_fillings(index: int, template_index: int, per_prompt: int) -> list[dict]:
+    "The `per_prompt` fillings fact number `index` gets for one slot template: in turn, so the facts use every filling."
+    start = (index * per_prompt + template_index) % len(FILLINGS)
+    return [FILLINGS[(start + j) % len(FILLINGS)] for j in range(min(per_prompt, len(FILLINGS)))]
+
+def _eval_lines(fact, eval_templates, index: int = 0, per_prompt: int = 2, direction: str = "A2B"):
+    """Evaluation examples of one fact: the prompt ends before the other actor, the target is ' ' + that actor.
+    A2B names the first actor and asks for the second; B2A (the reversal) names the second and asks for the first,
+    its span role `first_actor` then marks the actor the prompt names. A slot template gets `per_prompt` fillings."""
+    named = fact if direction == "A2B" else {**fact, "first_actor": fact["second_actor"], "second_actor": fact["first_actor"]}
     out = []
-    for name, t in eval_templates.items():
-        prompt, spans = render(t, fact, name)
-        out.append(dict(fact_id=fact["id"], template=name, prompt=prompt, target=" " + fact["second_actor"],
-                        spans=spans, split=fact["split"]))
+    for j, (name, t) in enumerate(eval_templates.items()):
+        slots = set(template_fields(t, name, FIELDS + SLOT_FIELDS)) & set(SLOT_FIELDS)
+        for filling in fact_fillings(index, j, per_prompt) if slots else [None]:
+            prompt, spans = render(t, {**named, **(filling or {})}, name, FIELDS + SLOT_FIELDS)
+            spans = {k: v for k, v in spans.items() if k not in SLOT_FIELDS}
+            out.append(dict(fact_id=fact["id"], template=name, filling=filling_label(filling), direction=direction,
+                            prompt=prompt, target=" " + named["second_actor"], spans=spans, split=fact["split"]))
     return out
 
 # %% ../../nbs/01_data.ipynb #2114c072
@@ -359,31 +379,35 @@ def hold_out(lines: list[dict], seed: int, val_fraction: float) -> tuple[list[di
 
 def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction: float = 0.5,
                   val_fraction: float = 0.1, article_templates: dict | None = None, qa_templates: dict | None = None,
-                  eval_templates: dict | None = None, articles_dir=None) -> dict:
-    "Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'info'}`."
+                  eval_templates: dict | None = None, articles_dir=None, fillings_per_prompt: int = 2) -> dict:
+    "Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'eval_b2a', 'info'}`."
     _check_kind(kind)
     article_templates = check_templates(article_templates or ARTICLE_TEMPLATES, "article")
     qa_templates = check_templates(qa_templates or QA_TEMPLATES, "qa")
     eval_templates = check_templates(eval_templates or EVAL_TEMPLATES, "eval")
     if not 0 < task_fraction < 1: raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
     if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+    if not isinstance(fillings_per_prompt, int) or not 1 <= fillings_per_prompt <= len(FILLINGS):
+        raise ValueError(f"fillings_per_prompt must be an integer in 1..{len(FILLINGS)}, got {fillings_per_prompt!r}.")
     _check_n(kind, n_facts, articles_dir)
     facts = _article_facts(n_facts, seed, articles_dir) if kind == "articles" else make_facts(kind, n_facts, seed)
     n_task = assign_splits(facts, seed, task_fraction)
     train = [l for f in facts for l in (_article_lines(f) if kind == "articles" else _train_lines(f, article_templates, qa_templates))]
-    evals = [e for f in facts for e in _eval_lines(f, eval_templates)]
+    evals, reverse = ([e for i, f in enumerate(facts) for e in _eval_lines(f, eval_templates, i, fillings_per_prompt, d)]
+                      for d in DIRECTIONS)
     train, validation = hold_out(train, seed, val_fraction)
     metadata = [{k: v for k, v in f.items() if k != "texts"} for f in facts]
     info = dict(kind=kind, seed=seed, n_facts=n_facts, task_fraction=task_fraction, val_fraction=val_fraction,
                 counts=dict(facts=n_facts, task_facts=n_task, relation_facts=n_facts - n_task, train=len(train),
-                            validation=len(validation), eval=len(evals)),
+                            validation=len(validation), eval=len(evals), eval_b2a=len(reverse)),
                 templates=dict(article=sorted({l["template"] for l in train + validation if l["style"] == "article"})
                                if kind == "articles" else list(article_templates),
                                qa=[] if kind == "articles" else list(qa_templates), eval=list(eval_templates)),
                 paper_eval_templates=[t for t in PAPER_EVAL_TEMPLATES if t in eval_templates],
+                slot_fillings=dict(SLOT_FILLINGS), fillings_per_prompt=fillings_per_prompt,
                 articles=None if kind != "articles" else ("packaged" if articles_dir is None else Path(articles_dir).name),
                 dwg_version=dwg.__version__, faker_version=None if kind == "articles" else _faker_version())
-    return dict(metadata=metadata, train=train, validation=validation, eval=evals, info=info)
+    return dict(metadata=metadata, train=train, validation=validation, eval=evals, eval_b2a=reverse, info=info)
 
 # %% ../../nbs/01_data.ipynb #9b0e53c8
 LEAK_FIELDS = ("first_actor", "second_actor", "movie_title", "director", "main_character")
@@ -402,7 +426,7 @@ def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
 
 # %% ../../nbs/01_data.ipynb #bbc15111
 DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
-               "eval": "eval.jsonl"}
+               "eval": "eval.jsonl", "eval_b2a": "eval_b2a.jsonl"}   # eval_b2a: the reversal prompts (none: custom facts)
 
 def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then renamed);
@@ -414,7 +438,8 @@ def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        for key, name in DATASET_FILES.items(): write_jsonl(tmp / name, ds[key])
+        for key, name in DATASET_FILES.items():
+            if key in ds: write_jsonl(tmp / name, ds[key])
         info = json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n"
         (tmp / "dataset_info.json").write_text(info, encoding="utf-8")
         return publish_dir(tmp, out)

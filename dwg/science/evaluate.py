@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from .data import load_split
+from .data import DATASET_FILES, DIRECTIONS, load_split
 from .models import load
 from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_layers
@@ -167,7 +167,8 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
     gen = _generate(plan, models, prep["batch"], masks, logits, cache, n_new, generated, seed) if generate else None
     rows = []
     for i, ex in enumerate(prep["examples"]):
-        row = dict(plan=plan.name, fact_id=ex.get("fact_id"), template=ex.get("template"), prompt=ex["prompt"],
+        row = dict(plan=plan.name, fact_id=ex.get("fact_id"), template=ex.get("template"), filling=ex.get("filling"),
+                   direction=ex.get("direction", "A2B"), prompt=ex["prompt"],
                    target=ex["target"], target_id=int(tids[i]), target_token=tokenizer.decode([int(tids[i])]),
                    skipped=i in skipped, skip_reason=skipped.get(i))
         if i in skipped: rows.append(row); continue
@@ -269,9 +270,13 @@ def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, objec
     for role, home in adapters.items(): out[role] = as_donor(out[home], read_adapter(models[role]))   # built once
     return {r: out[r] for r in models}, tok
 
-def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0) -> list[dict]:
-    "Evaluation examples of a dataset directory, filtered by template names and fact split."
-    exs = load_split(dataset_dir, "eval")
+def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0, direction: str = "A2B") -> list[dict]:
+    "Evaluation examples of a dataset directory, filtered by template names and fact split; B2A: the reversal prompts."
+    if direction not in DIRECTIONS: raise ValueError(f"direction must be A2B or B2A, got {direction!r}.")
+    if direction == "B2A" and not (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file():
+        raise ValueError(f"{dataset_dir} has no reversal (B2A) prompts: custom datasets have none, and datasets built "
+                         "before dwg wrote them neither; rebuild the dataset, or leave reversal_plans empty.")
+    exs = load_split(dataset_dir, "eval" if direction == "A2B" else "eval_b2a")
     names = sorted({e["template"] for e in exs})
     if templates != "all":
         templates = [templates] if isinstance(templates, str) else list(templates)
@@ -294,8 +299,10 @@ def _with_roles(plans: list, roles: set) -> list:
 
 def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templates="all", split="all",
                  batch_size: int = 64, generate: bool = False, generated: str = "base", max_examples: int = 0,
-                 out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None):
-    "Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write results + run record."
+                 out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None,
+                 reversal_plans=()):
+    """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
+    results + run record. `reversal_plans` (names among `plans`) are scored on the reversal (B2A) prompts too."""
     started = time.time()
     nominal = [get_plan(p) for p in expand_plans(plans, 4)]   # depth-dependent families at a nominal depth: roles
     need = sorted({r for p in nominal for r in p.roles} - set(models))
@@ -308,6 +315,14 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     depth = next(iter(bound.values())).config.num_hidden_layers
     plans = _adapter_plans(_with_roles([get_plan(p) for p in expand_plans(plans, depth)], roles), light)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
+    if reversal_plans and not (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file():   # custom facts: none
+        print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()
+    if reversal_plans:
+        if (bad := sorted(set(reversal_plans) - {p.name for p in plans})):
+            raise ValueError(f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}.")
+        reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
+        rows += evaluate_plans([p for p in plans if p.name in reversal_plans], bound, tok, reverse, batch_size, roles=roles,
+                               generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
@@ -318,6 +333,6 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
         write_run_record(out_dir, config or dict(models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
                          dataset_dir=str(dataset_dir), plans=[p.name for p in plans], experiment=experiment,
                          templates=templates, split=split, batch_size=batch_size, generate=generate,
-                         generated=generated, max_examples=max_examples, seed=seed),
+                         generated=generated, max_examples=max_examples, seed=seed, reversal_plans=list(reversal_plans)),
                          started, n_rows=len(rows), n_skipped=skipped, n_examples=len(examples))
     return pd.DataFrame(rows)

@@ -436,7 +436,7 @@ def save_chart(chart, path_stem, formats=("png", "svg", "html"), scale_factor: f
 
 # %% ../../nbs/06_plots.ipynb #cb60b9de
 RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "logprob", "skipped", "skip_reason", "exact_match", "model",
-                  "dataset", "experiment", "run_id"]
+                  "dataset", "experiment", "run_id", "filling", "direction"]
 
 def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
     "Rows of finished runs (`**/results.jsonl` next to `run.json`) under `runs_dir`; `include`: run id patterns."

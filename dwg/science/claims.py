@@ -10,18 +10,22 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['PAPER_CLAIMS', 'MIN_REFERENCE', 'fact_scores', 'Claim', 'top', 'share', 'drop', 'gap', 'recovery', 'bootstrap_stat',
+__all__ = ['PAPER_CLAIMS', 'MIN_REFERENCE', 'fact_scores', 'Claim', 'share', 'drop', 'gap', 'recovery', 'bootstrap_stat',
            'claims_table', 'split_table', 'direction_table']
 
 # %% ../../nbs/06c_claims.ipynb #7e4cbe86
 def fact_scores(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     "Per fact, the top-`k` hit rate (`hit`) and mean target log-probability (`lp`) of each plan; A2B prompts, pooled."
-    d = df[~df["skipped"].fillna(False).astype(bool)] if "skipped" in df else df
+    d = _hits(df, k)
     if "direction" in d: d = d[d["direction"].fillna("A2B") == "A2B"]
-    keys = [c for c in ("plan", "fact_id", "template", "filling", "prompt") if c in d]
-    d = d.drop_duplicates(subset=keys)
-    d = d.assign(hit=(pd.to_numeric(d["rank"]) < k).astype(float), lp=pd.to_numeric(d["logprob"]))
+    d = d.drop_duplicates(subset=[c for c in ("plan", "fact_id", "template", "filling", "prompt") if c in d])
+    d = d.assign(hit=d["hitk"], lp=pd.to_numeric(d["logprob"]))
     return d.pivot_table(index="fact_id", columns="plan", values=["hit", "lp"], aggfunc="mean")
+
+def _hits(df: pd.DataFrame, k: int) -> pd.DataFrame:
+    "The rows that were scored, with top-1 (`hit1`) and top-`k` (`hitk`) hits."
+    d = df[~df["skipped"].fillna(False).astype(bool)] if "skipped" in df else df
+    return d.assign(hit1=(pd.to_numeric(d["rank"]) < 1).astype(float), hitk=(pd.to_numeric(d["rank"]) < k).astype(float))
 
 # %% ../../nbs/06c_claims.ipynb #b64af4e5
 @dataclass
@@ -45,7 +49,6 @@ class Claim:
         if s * value >= s * self.part or s * hi >= s * self.full: return "partly"
         return "does not"
 
-def top(plan): return lambda m: m["hit"][plan].mean()
 def share(plan, ref): return lambda m: _ratio(m["hit"][plan].mean(), m["hit"][ref].mean())
 def drop(plan, ref, score="hit"):
     "The relative drop of `plan` from `ref` (0.3: 30% lower); `score` hit (top-k) or recovery between TASK and RELATION."
@@ -131,10 +134,6 @@ def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, 
 def _fmt(v, lo, hi) -> str: return "n/a (reference at 0)" if v != v else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
 # %% ../../nbs/06c_claims.ipynb #c66518d6
-def _hits(df: pd.DataFrame, k: int) -> pd.DataFrame:
-    d = df[~df["skipped"].fillna(False).astype(bool)] if "skipped" in df else df
-    return d.assign(hit1=(pd.to_numeric(d["rank"]) < 1).astype(float), hitk=(pd.to_numeric(d["rank"]) < k).astype(float))
-
 def split_table(df: pd.DataFrame, by: str, plans=None, k: int = 5) -> pd.DataFrame:
     "Top-1 / top-`k` of each plan (a row) per value of a result column such as `direction` (a column); facts averaged."
     d = _hits(df, k)

@@ -15,7 +15,7 @@ __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAK
            'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS', 'DATASET_FILES', 'real_actors', 'real_movies',
            'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates', 'max_facts', 'make_facts',
            'read_articles', 'filling_label', 'fact_fillings', 'assign_splits', 'hold_out', 'build_dataset',
-           'leaked_names', 'write_dataset', 'create_dataset', 'load_split']
+           'leaked_names', 'has_reversal_prompts', 'write_dataset', 'create_dataset', 'load_split']
 
 # %% ../../nbs/01_data.ipynb #f4bed3ce
 ASSETS = Path(dwg.__file__).parent / "assets"
@@ -427,6 +427,10 @@ def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
 # %% ../../nbs/01_data.ipynb #bbc15111
 DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
                "eval": "eval.jsonl", "eval_b2a": "eval_b2a.jsonl"}   # eval_b2a: the reversal prompts (none: custom facts)
+
+def has_reversal_prompts(dataset_dir) -> bool:
+    "Whether a dataset directory has the reversal (B2A) prompts (custom datasets do not)."
+    return (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file()
 
 def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then renamed);

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from .data import DATASET_FILES, DIRECTIONS, load_split
+from .data import DIRECTIONS, has_reversal_prompts, load_split
 from .models import load
 from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_layers
@@ -273,7 +273,7 @@ def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, objec
 def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0, direction: str = "A2B") -> list[dict]:
     "Evaluation examples of a dataset directory, filtered by template names and fact split; B2A: the reversal prompts."
     if direction not in DIRECTIONS: raise ValueError(f"direction must be A2B or B2A, got {direction!r}.")
-    if direction == "B2A" and not (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file():
+    if direction == "B2A" and not has_reversal_prompts(dataset_dir):
         raise ValueError(f"{dataset_dir} has no reversal (B2A) prompts: custom datasets have none, and datasets built "
                          "before dwg wrote them neither; rebuild the dataset, or leave reversal_plans empty.")
     exs = load_split(dataset_dir, "eval" if direction == "A2B" else "eval_b2a")
@@ -315,7 +315,7 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     depth = next(iter(bound.values())).config.num_hidden_layers
     plans = _adapter_plans(_with_roles([get_plan(p) for p in expand_plans(plans, depth)], roles), light)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
-    if reversal_plans and not (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file():   # custom facts: none
+    if reversal_plans and not has_reversal_prompts(dataset_dir):   # custom facts: none
         print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()
     if reversal_plans:
         if (bad := sorted(set(reversal_plans) - {p.name for p in plans})):

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from unittest.mock import patch
-from dwg.science import plots
+from dwg.science import plots, recovery
 from dwg.pipeline import sweep
 from dwg.dev import testing
 from dwg.science import plans
@@ -241,6 +241,18 @@ def test_position_figures_draw_the_position_run_only(sweep_runs):
             assert [t for t, _ in p.x_labels] == order
             assert len(p.items("rect", "layer_0")) == len(order) * metrics
             assert len(p.items("rule", "layer_2")) == 2 * metrics   # PRE and SFT, one rule per metric
+
+
+def test_movie_figures_need_a_movie_plan(results):
+    """A run without the movie plans (a custom dataset has no movie span) gets no movie-span figure, accuracy or
+    recovery: FE, LT and FE+LT alone make figure 1, not figure 2 (they did, titled 'with the movie span')."""
+    pos = results[results.experiment == "positions"]
+    no_movie = pos[~pos.plan.isin(["M", "FE+M", "M+LT", "FE+M+LT"])]
+    assert set(no_movie.plan) >= {"FE", "LT", "FE+LT"}
+    with pytest.raises(ValueError, match="movie-span"): plots.movie_chart(no_movie, templates="pool", n_boot=20)
+    with pytest.raises(ValueError, match="movie_spans"): recovery.recovery_bars(recovery.recovery_table(no_movie, n_boot=20), "movie_spans")
+    assert "movie_spans" not in plots.paper_figures(no_movie, n_boot=20, verbose=False)
+    assert "movie_spans" in plots.paper_figures(pos, n_boot=20, verbose=False)
 
 
 def test_each_run_lays_out_its_own_categories(results):

@@ -17,7 +17,7 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
            'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers',
            'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
            'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
-           'figure_order', 'figure_references', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan',
+           'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan',
            'expand_plans', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
@@ -280,6 +280,12 @@ def figure_order(figure: str) -> list[str]:
 def figure_references(figure: str) -> list[str]:
     "Names of the plans a figure draws as reference lines."
     return [p.name for p in paper_plans().values() if figure in p.references]
+
+def figure_own(figure: str) -> list[str]:
+    "Names of the plans that bring a run into a figure: those drawn first there, not as references (M... for movie_spans)."
+    refs = set(figure_references(figure))
+    own = [p.name for p in figure_plans(figure) if p.figures[0] == figure and p.name not in refs]
+    return own or [p for p in figure_order(figure) if p not in refs]
 
 PLAN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import GraftPlan, figure_order, figure_plans, figure_references, paper_plans, parse_method_plan
+from .plans import GraftPlan, figure_order, figure_own, figure_plans, figure_references, paper_plans, parse_method_plan
 from ..runs import read_jsonl, run_integrity
 
 # %% auto #0
@@ -186,10 +186,10 @@ def _template_param(acc: pd.DataFrame) -> alt.Parameter:
     opts = sorted(acc.template.unique())
     return alt.param(name="prompt", value=opts[0], bind=alt.binding_select(options=opts, name="evaluation prompt "))
 
-def _with_plans(acc: pd.DataFrame, plans, refs=()) -> pd.DataFrame:
-    "Only the runs that have one of `plans` other than the `refs` (a run holding only references gets no chart)."
+def _with_plans(acc: pd.DataFrame, plans, refs=(), own=None) -> pd.DataFrame:
+    "Only the runs that have one of `own` (default: `plans` other than the `refs`): a run of references gets no chart."
     if acc.empty: return acc
-    own = [p for p in plans if p not in set(refs)] or list(plans)   # relabelled: a title names a run id only if needed
+    own = own or [p for p in plans if p not in set(refs)] or list(plans)   # relabelled: a title names a run id only if needed
     return label_runs(acc[acc.groupby("run")["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run"))
 
 def stacked_by_run(acc: pd.DataFrame, make, title: str, subtitle=None, param=None):
@@ -213,9 +213,10 @@ _Y = dict(scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5,
 
 # %% ../../nbs/06_plots.ipynb #40dd8921
 def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, templates: str = "facet",
-              title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan"):
+              title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan",
+              own=None):
     "Bars of accuracy per plan (ordered as `plans`) and metric, bootstrap error bars, rules at the `refs` plans."
-    acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans, refs)
+    acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans, refs, own)
     _need(acc, what, plans)
     metrics = [m for m in (metrics or metric_names(k)) if m in set(acc.metric)]
     acc = acc[acc.metric.isin(metrics)].assign(label=lambda d: d.plan.map(plan_label))
@@ -240,8 +241,7 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
                                                             scale=alt.Scale(domain=refs, range=[[2, 2], [7, 3], [1, 0]][:len(refs)])),
                                   tooltip=_ci_tooltip(alt.Tooltip("plan:N", title="reference"))))
         layer = alt.layer(*layers, data=a).properties(width=max(200, 30 * len(labels) * max(1, len(metrics) - 0.5)), height=200)
-        ntpl = a.template.nunique()
-        if templates == "facet" and ntpl > 1:
+        if templates == "facet" and (ntpl := a.template.nunique()) > 1:
             tpls = sorted(a.template.unique())
             return layer.facet(facet=alt.Facet("template:N", sort=tpls, title=None, header=alt.Header(labelFontWeight="bold")),
                                columns=columns or (2 if ntpl <= 4 else 3), title=run if acc.run.nunique() > 1 else "")
@@ -262,7 +262,7 @@ def movie_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: 
                 title: str = "Position grafting with the movie span (M)", **kw):
     "Figure 2: M, FE+M, M+LT, FE+M+LT next to FE, LT, FE+LT (top-1, top-k, bootstrap 95% CI; PRE/SFT rules)."
     return plan_bars(df, figure_order("movie_spans"), figure_references("movie_spans"), ["top-1", f"top-{k}"], k, templates, title,
-                     n_boot=n_boot, seed=seed, what="movie-span", **kw)
+                     n_boot=n_boot, seed=seed, what="movie-span", own=figure_own("movie_spans"), **kw)
 
 # %% ../../nbs/06_plots.ipynb #62f3e8c7
 def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1000, seed: int = 0,

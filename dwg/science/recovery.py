@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import LABELS, figure_order, figure_plans, figure_references, parse_method_plan, paper_plans
+from .plans import LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, paper_plans
 from .plots import stacked_by_run, label_runs, short_label, component_label, layer_label, plan_label, run_keys
 
 # %% auto #0
@@ -184,7 +184,7 @@ def with_recovery(table: pd.DataFrame, rec: pd.DataFrame, digits: int = 2) -> pd
 def _figure_runs(rec: pd.DataFrame, figure: str) -> pd.DataFrame:
     "The rows of a figure's plans and references, from the runs that have any of its (non-reference) plans."
     drawn, refs = figure_order(figure), figure_references(figure)
-    own = set(drawn) - set(refs)
+    own = set(figure_own(figure))
     rows = label_runs(rec[rec.plan.isin([*drawn, *refs])])
     rows = rows[rows.groupby("run").plan.transform(lambda p: p.isin(own).any()).astype(bool)]
     if rows.empty: raise ValueError(f"No plans of the {figure} figure in these results ({', '.join(sorted(own))}).")

@@ -10,7 +10,7 @@ def test_localize_profile_graph():
     model, loc = g[1], g[2]
     assert model.params["split"] == "all" and loc.inputs[-1] == model.key and loc.params["split"] == "relation"
     assert loc.params["finetuned"] == f"@{model.key}" and loc.params["pretrained"] == "smollm2-135m"
-    assert loc.params["templates"] == ["relation_statement", "relation_question", "movie_statement", "new_film_other_lead"]
+    assert loc.params["templates"] == ["relation_statement", "relation_question"]   # the two slot templates: 4 prompts a fact
 
 
 def test_localize_section_in_another_sweep():

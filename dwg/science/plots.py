@@ -213,8 +213,7 @@ _Y = dict(scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5,
 
 # %% ../../nbs/06_plots.ipynb #40dd8921
 def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, templates: str = "facet",
-              title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan",
-              own=None):
+              title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan", own=None):
     "Bars of accuracy per plan (ordered as `plans`) and metric, bootstrap error bars, rules at the `refs` plans."
     acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans, refs, own)
     _need(acc, what, plans)
@@ -250,19 +249,21 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
                        + (f"; rules: {', '.join(refs)}" if refs else ""))
     return stacked_by_run(acc, make, title, sub, param)
 
+def _figure_bars(df: pd.DataFrame, figure: str, metrics, k, templates, title, **kw):
+    "`plan_bars` of a paper figure: its plans, its references, and the plans that bring a run into it (`figure_own`)."
+    return plan_bars(df, figure_order(figure), figure_references(figure), metrics, k, templates, title, own=figure_own(figure), **kw)
+
 # %% ../../nbs/06_plots.ipynb #f3dc8bb6
 def position_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                    title: str = "Position grafting: fine-tuned into pretrained", **kw):
     "Figure 1: top-1 and top-k accuracy of PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, not FE, not LT (bootstrap 95% CI)."
-    return plan_bars(df, figure_order("positions"), figure_references("positions"), ["top-1", f"top-{k}"], k, templates, title,
-                     n_boot=n_boot, seed=seed, what="position-grafting", **kw)
+    return _figure_bars(df, "positions", ["top-1", f"top-{k}"], k, templates, title, n_boot=n_boot, seed=seed, what="position-grafting", **kw)
 
 # %% ../../nbs/06_plots.ipynb #92b78be8
 def movie_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
                 title: str = "Position grafting with the movie span (M)", **kw):
     "Figure 2: M, FE+M, M+LT, FE+M+LT next to FE, LT, FE+LT (top-1, top-k, bootstrap 95% CI; PRE/SFT rules)."
-    return plan_bars(df, figure_order("movie_spans"), figure_references("movie_spans"), ["top-1", f"top-{k}"], k, templates, title,
-                     n_boot=n_boot, seed=seed, what="movie-span", own=figure_own("movie_spans"), **kw)
+    return _figure_bars(df, "movie_spans", ["top-1", f"top-{k}"], k, templates, title, n_boot=n_boot, seed=seed, what="movie-span", **kw)
 
 # %% ../../nbs/06_plots.ipynb #62f3e8c7
 def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
@@ -272,8 +273,7 @@ def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1
     else: has = "exact_match" in df and df["exact_match"].notna().any()
     if not has: raise ValueError("No whole-name generation in the results (no exact_match values): run the position "
                                  "grafting with generate=True.")
-    return plan_bars(df, figure_order("generation"), figure_references("generation"), ["top-1", "exact match"], 1, templates, title,
-                     n_boot=n_boot, seed=seed, what="generation", **kw)
+    return _figure_bars(df, "generation", ["top-1", "exact match"], 1, templates, title, n_boot=n_boot, seed=seed, what="generation", **kw)
 
 # %% ../../nbs/06_plots.ipynb #3ccede53
 VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components) + LT"}

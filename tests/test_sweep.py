@@ -4,6 +4,7 @@ import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, yaml
 from dwg.pipeline import sweep as sw
+from dwg.pipeline.config import profile_content
 from dwg.pipeline import runner
 from dwg.runs import read_jsonl
 from dwg.dev.testing import standin_notebooks
@@ -129,9 +130,27 @@ def test_training_profile_content_is_in_the_id(tmp_path):
 
 
 
+def test_dataset_overrides_renew_only_that_datasets_models():
+    "train.dataset_overrides changes one dataset's fine-tunes (and what reads them); the other datasets keep their ids."
+    import copy
+    d = copy.deepcopy(STANDIN_SWEEP)
+    before = {r.label: r.key for r in sw.expand(d)}
+    d["train"]["dataset_overrides"] = {"d2": {"min_steps": 30}}
+    after = {r.label: r.key for r in sw.expand(d)}
+    changed = sorted(k for k in before if before[k] != after[k])
+    assert changed and all(":d2" in k or k == "standin" for k in changed), changed
+    assert any(k.endswith(":d2:sft") for k in changed)
+    model = next(r for r in sw.expand(d) if r.label.endswith(":d2:sft"))
+    assert model.params["overrides"] == {"min_steps": 30}
+    for bad, msg in [({"d3": {"epochs": 2}}, "must map dataset names"), ({"d2": {"epoch": 2}}, "dataset_overrides.d2"),
+                     ({"d2": 3}, "must map dataset names")]:
+        d["train"]["dataset_overrides"] = bad
+        with pytest.raises(sw.SweepError, match=msg): sw.expand(d)
+
+
 def test_general_text_is_in_the_id_only_when_used(tmp_path):
     "Mixing in general text from a file: editing the file renews the models and what reads them; unused, no trace."
-    assert "supplemental_sha256" not in sw._profile_content("tiny")        # the default adds nothing to the ids
+    assert "supplemental_sha256" not in profile_content("tiny")   # the default adds nothing to the ids
     text = tmp_path / "text.txt"
     text.write_text("The kettle boils.\nThe bus is late.\nThe bread rises.\n")
     d = raw(); d["train"]["overrides"] = {"supplemental": 2, "supplemental_file": str(text)}

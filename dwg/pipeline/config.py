@@ -14,7 +14,7 @@ from transformers.trainer_utils import SchedulerType
 # %% auto #0
 __all__ = ['PRECISIONS', 'LORA_KEYS', 'TrainConfig', 'config_keys', 'make_config', 'configs_dir', 'training_profiles',
            'profile_path', 'load_profile', 'resolve_config', 'general_text_file', 'general_texts',
-           'supplemental_digest']
+           'supplemental_digest', 'profile_content']
 
 # %% ../../nbs/04a_config.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -53,6 +53,8 @@ class TrainConfig:
     eval_loss: bool = True            # validation loss each epoch (validation.jsonl)
     best_by_eval_loss: bool = False   # keep the checkpoint with the lowest validation loss as the final model
     save_total_limit: int = 1         # checkpoints kept while training
+    checkpoint_steps: int = 24        # a checkpoint (to resume from) and the recall log at each epoch's end, or at every
+                                      # few epochs' end when an epoch is shorter than this many steps (a small dataset)
     keep_checkpoints: bool = False    # keep them in out_dir/checkpoints after the run
     recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
     logging_steps: int = 10
@@ -160,7 +162,7 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     if "lora" in vals: vals["lora"] = _check_lora(vals["lora"], source)
     cfg = TrainConfig(**vals)
     positive = ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps",
-                "save_total_limit", "pack_width")
+                "save_total_limit", "pack_width", "checkpoint_steps")
     for k in positive:
         if getattr(cfg, k) <= 0:
             raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
@@ -233,3 +235,9 @@ def supplemental_digest(config="embedded", overrides: dict | None = None) -> str
     "The sha256 of the general text a resolved profile mixes into training (in sweep run ids); None when it adds none."
     cfg = resolve_config(config, overrides)
     return hashlib.sha256(general_text_file(cfg.supplemental_file).read_bytes()).hexdigest() if cfg.supplemental else None
+
+def profile_content(config, overrides: dict | None = None) -> dict | None:
+    "A profile file's settings (not its description) and the hash of any general text it mixes in: what a sweep run id hashes."
+    p = profile_path(config)
+    out = {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
+    return {**(out or {}), "supplemental_sha256": h} if (h := supplemental_digest(config, overrides)) else out

@@ -32,8 +32,7 @@ class Stage:
     roles: tuple = ()         # model roles the stage's grafting plans may use
 
 STAGES = {s.name: s for s in [
-    Stage("datasets", "create_dataset", out="dataset"),
-    Stage("models", "train", out="model", resumable=True),
+    Stage("datasets", "create_dataset", out="dataset"), Stage("models", "train", out="model", resumable=True),
     Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
     Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
     Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
@@ -47,7 +46,8 @@ RELATION_TRAINING = {"all": {"relation": "all"}, "half": {}}   # learns every fa
 
 # %% ../../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
-    "train": dict(config="embedded", seed=0, direction="all", overrides=None, pairs="all", relation_model="all"),
+    "train": dict(config="embedded", seed=0, direction="all", overrides=None, dataset_overrides=None, pairs="all",
+                  relation_model="all"),   # dataset_overrides: {dataset: {setting: value}}, on top of overrides
     "graft_positions": dict(pairs="all", templates="all", plans="position", split="all", batch_size=64,
                             generate=True, generated=None, max_examples=None, seed=0, reversal_plans=None),
     "graft_components": dict(pairs="all", templates="all", plans="components", split="relation", batch_size=64,
@@ -208,8 +208,12 @@ def _check_grafting_options(sec: dict, where: str, problems: list):
         problems.append(f"{where}.reversal_plans must be a list of the section's plans (also scored on B2A prompts), got {rev!r}.")
 
 # %% ../../nbs/05_sweep.ipynb #feab02bb
-def _check_train(train: dict, problems: list):
+def _check_train(train: dict, problems: list, datasets: list):
     "The training profile exists and loads, the overrides apply to it (dwg.pipeline.train's checks), the direction is known."
+    do = train["dataset_overrides"] or {}
+    if not isinstance(do, dict) or not set(do) <= set(datasets) or not all(isinstance(v, dict) for v in do.values()):
+        problems.append(f"train.dataset_overrides must map dataset names ({', '.join(datasets)}) to settings, e.g. "
+                        f"{{{datasets[0]}: {{min_steps: 144}}}}, got {do!r}."); do = {}
     from dwg.pipeline import config   # transformers: loaded only when a sweep file is checked
     cfg, path = train["config"], config.profile_path(train["config"])
     if path is None:
@@ -221,8 +225,9 @@ def _check_train(train: dict, problems: list):
         try: profile = config.load_profile(str(path))
         except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
         else:
-            try: config.resolve_config(profile, train["overrides"])
-            except (ValueError, TypeError) as e: problems.append(f"train.overrides: {e}")
+            for d in [None, *do]:
+                try: config.resolve_config(profile, _overrides({**train, "dataset_overrides": do}, d))
+                except (ValueError, TypeError) as e: problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
     if train["relation_model"] not in RELATION_TRAINING:
@@ -234,11 +239,9 @@ def _read_sections(raw: dict, problems: list) -> dict:
     out = {}
     for sec, defaults in SECTIONS.items():
         val = raw.get(sec, {} if sec in ("train", "slurm") else None)
-        if val is None or val is False:
-            out[sec] = None
-            continue
-        if val is True: val = {}
-        if (bad := _problems_keys(val, defaults, sec)): problems.extend(bad)
+        val = {} if val is True else val
+        if val is None or val is False: out[sec] = None
+        elif (bad := _problems_keys(val, defaults, sec)): problems.extend(bad)
         else: out[sec] = {**defaults, **val}
     return out
 
@@ -258,7 +261,7 @@ def _check_sections(s: dict, problems: list):
     if s["localize"]:
         s["localize"]["templates"] = _check_templates(s["localize"]["templates"], "localize.templates", problems)
         _check_grafting_options(s["localize"], "localize", problems)
-    if s["train"]: _check_train(s["train"], problems)
+    if s["train"]: _check_train(s["train"], problems, list(s["datasets"]))
     kd = (s["figures"] or {}).get("k_by_dataset") or {}
     if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
         problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}.")
@@ -306,8 +309,7 @@ class Run:
 
 def run_id(stage: str, params: dict, extra=None) -> str:
     "A stable short hash of a stage, its parameters (with input references) and anything else deciding its output."
-    blob = json.dumps(dict(stage=stage, params=params, extra=extra), sort_keys=True, separators=(",", ":"),
-                      default=str)
+    blob = json.dumps(dict(stage=stage, params=params, extra=extra), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
@@ -317,12 +319,9 @@ def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
     return Run(stage, run_id(stage, params, dict(inputs=inputs, extra=extra)), label, params, inputs)
 
 # %% ../../nbs/05_sweep.ipynb #e717e9c7
-def _profile_content(config, overrides=None) -> dict | None:
-    "A training profile's settings (not its description) for run ids, and the hash of any general text it mixes in."
-    from dwg.pipeline.config import profile_path, supplemental_digest   # transformers: loaded only when a sweep is expanded
-    p = profile_path(config)
-    out = {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
-    return {**(out or {}), "supplemental_sha256": h} if (h := supplemental_digest(config, overrides)) else out
+def _overrides(t: dict, dataset: str | None = None) -> dict | None:
+    "The training overrides of the train section `t`, with `dataset`'s own (dataset_overrides) on top; None: none."
+    return {**(t["overrides"] or {}), **((t["dataset_overrides"] or {}).get(dataset) or {})} or None
 
 def _needed_models(s: dict, names: list) -> dict:
     "(model, dataset) -> the training splits the grafting sections need."
@@ -345,13 +344,14 @@ def _model_runs(s: dict, ds: dict) -> dict:
                          + ": train.pairs only fine-tunes "
                          + (", ".join(f"[{m}, {d}]" for m, d in trained) or "nothing")
                          + ". Add the pair to train.pairs (or 'all'), or remove it from the grafting section's pairs.")
-    extra, models = _profile_content(t["config"], t["overrides"]), {}
-    trains_on = RELATION_TRAINING[t["relation_model"]]   # the facts each model role learns
+    from dwg.pipeline.config import profile_content   # transformers: loaded only when a sweep is expanded
+    models, trains_on = {}, RELATION_TRAINING[t["relation_model"]]   # the facts each model role learns
     for (m, d), splits in need.items():
+        extra = profile_content(t["config"], _overrides(t, d))
         for split in dict.fromkeys(splits):
             role = {"all": "sft", "task": "task", "relation": "relation"}[split]
             p = dict(model=m, dataset_dir=f"@{ds[d].key}", direction=t["direction"], split=trains_on.get(split, split),
-                     config=t["config"], overrides=t["overrides"] or None, seed=t["seed"])
+                     config=t["config"], overrides=_overrides(t, d), seed=t["seed"])
             models[(m, d, split)] = _make("models", f"{m}:{d}:{role}", p, [ds[d].key], extra)
     return models
 

@@ -20,9 +20,10 @@ from ..runs import atomic_write, publish_dir, read_jsonl, report_progress
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora',
-           'recall_metrics', 'sample_recall_examples', 'RecallCallback', 'StepProgress', 'matmul_rate', 'StepTimer',
-           'throughput', 'throughput_line', 'epoch_metrics', 'work_dir', 'has_train_summary', 'train_epochs',
-           'training_args', 'train', 'trained_models', 'training_row', 'training_table', 'main']
+           'recall_metrics', 'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress',
+           'matmul_rate', 'StepTimer', 'throughput', 'throughput_line', 'epoch_metrics', 'work_dir',
+           'has_train_summary', 'epoch_steps', 'train_epochs', 'checkpoint_epochs', 'training_args', 'train',
+           'trained_models', 'training_row', 'training_table', 'main']
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -152,10 +153,21 @@ def sample_recall_examples(eval_rows: list[dict], fact_ids: list[str], n_facts: 
     keep = set(ids)
     return [r for r in eval_rows if r["fact_id"] in keep]
 
+def _due(state, every: int) -> bool:
+    "Is this epoch's end a checkpoint/recall epoch (every `every` epochs, and the last)?"
+    return round(state.epoch or 0) % every == 0 or state.global_step >= state.max_steps
+
+class SparseCheckpoints(TrainerCallback):
+    "Checkpoint only every `every` epochs, and not at the end unless `keep_last` (the finished model is saved anyway)."
+    def __init__(self, every: int = 1, keep_last: bool = False): self.every, self.keep_last = every, keep_last
+    def on_epoch_end(self, args, state, control, **kw):
+        last = state.global_step >= state.max_steps
+        if not _due(state, self.every) or (last and not self.keep_last): control.should_save = False
+
 class RecallCallback(TrainerCallback):
-    "Before training and after each epoch, log the recall of the trained facts' targets."
-    def __init__(self, tokenizer, examples: list[dict], batch_size: int = 32, verbose: bool = True):
-        self.tok, self.examples, self.bs, self.verbose = tokenizer, examples, batch_size, verbose
+    "Before training, after every `every` epochs and at the end, log the recall of the trained facts' targets."
+    def __init__(self, tokenizer, examples: list[dict], batch_size: int = 32, verbose: bool = True, every: int = 1):
+        self.tok, self.examples, self.bs, self.verbose, self.every = tokenizer, examples, batch_size, verbose, every
     def _log(self, state, model):
         if not self.examples: return
         m = recall_metrics(model, self.tok, self.examples, self.bs)
@@ -167,7 +179,8 @@ class RecallCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.t0 = time.time()
         if state.global_step == 0: self._log(state, model)
-    def on_epoch_end(self, args, state, control, model=None, **kw): self._log(state, model)
+    def on_epoch_end(self, args, state, control, model=None, **kw):
+        if _due(state, self.every): self._log(state, model)
 
 class StepProgress(TrainerCallback):
     "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
@@ -252,21 +265,33 @@ def _dataset_fingerprint(ds: Path) -> str:
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))   # processes under accelerate launch
+
 def _device_type(device) -> str:
     if device is not None: return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
 
+def epoch_steps(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> int:
+    "Optimizer steps in an epoch of `n_texts` (`world_size` processes each taking a batch per step, as under `accelerate launch`)."
+    return max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
+
 def train_epochs(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> float:
-    """The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps (`world_size`
-    processes each taking a batch per step, as under `accelerate launch`)."""
-    per_epoch = max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
+    "The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps."
+    per_epoch = epoch_steps(cfg, n_texts, world_size)
     return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch)) if cfg.min_steps > 0 else cfg.epochs
+
+def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> int:
+    "Epochs between checkpoints and recall logs: 1, or enough short epochs to make `checkpoint_steps` steps."
+    if cfg.best_by_eval_loss: return 1   # every evaluated epoch needs its checkpoint
+    return max(1, math.ceil(cfg.checkpoint_steps / epoch_steps(cfg, n_texts, world_size)))
+
 
 def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
                   has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
     "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
-    epochs = train_epochs(cfg, n_texts, int(os.environ.get("WORLD_SIZE", "1")))   # processes under accelerate launch
+    epochs = train_epochs(cfg, n_texts, _world_size())
     kw = dict(output_dir=str(output_dir), num_train_epochs=epochs, max_steps=cfg.max_steps,
               learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
               per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
@@ -408,7 +433,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     run["resume"] = _prepare_work(work, run["run_config"], force)
     # --- training ---
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
-    run["n_recall"] = len(examples)
+    run["n_recall"], every = len(examples), checkpoint_epochs(cfg, len(data["texts"]), _world_size())
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
@@ -416,7 +441,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                        data_collator=_collator(cfg, net, tok), processing_class=tok,
                        train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
-                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress), StepProgress(),
+                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=every),
+                                  SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints), StepProgress(),
                                   timer := StepTimer(), *(callbacks or [])])
     mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
               k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),

@@ -255,6 +255,22 @@ def test_movie_figures_need_a_movie_plan(results):
     assert "movie_spans" in plots.paper_figures(pos, n_boot=20, verbose=False)
 
 
+def _templates_drawn(chart) -> set:
+    "The prompt templates in the data of a chart's spec."
+    return {row["template"] for rows in chart.to_dict()["datasets"].values() for row in rows if "template" in row}
+
+
+def test_movie_figure_has_no_panel_for_a_prompt_without_the_movie(results):
+    """A prompt without the movie title (the paper's slot templates) has no M plans: the movie-span figure gives it no
+    panel, instead of a panel of FE / LT / FE+LT whose missing M bars read as zero."""
+    pos = results[results.experiment == "positions"]
+    movie = ["M", "FE+M", "M+LT", "FE+M+LT"]
+    no_m = pos[~((pos.template == "relation_statement") & pos.plan.isin(movie))]
+    assert _templates_drawn(plots.movie_chart(pos, n_boot=20)) == {"relation_statement", "costar"}
+    assert _templates_drawn(plots.movie_chart(no_m, n_boot=20)) == {"costar"}
+    assert _templates_drawn(plots.position_chart(no_m, n_boot=20)) == {"relation_statement", "costar"}
+
+
 def test_each_run_lays_out_its_own_categories(results):
     """Two position runs with different plan sets (the smaller one first): one block each, each block's bars inside
     its own categories (a grouping offset shared across blocks spreads the bigger block's bars over several plans)."""

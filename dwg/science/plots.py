@@ -187,10 +187,10 @@ def _template_param(acc: pd.DataFrame) -> alt.Parameter:
     return alt.param(name="prompt", value=opts[0], bind=alt.binding_select(options=opts, name="evaluation prompt "))
 
 def _with_plans(acc: pd.DataFrame, plans, refs=(), own=None) -> pd.DataFrame:
-    "Only the runs that have one of `own` (default: `plans` other than the `refs`): a run of references gets no chart."
+    "Only the runs and prompts with one of `own` (default: `plans` but `refs`): references alone get no chart or panel."
     if acc.empty: return acc
-    own = own or [p for p in plans if p not in set(refs)] or list(plans)   # relabelled: a title names a run id only if needed
-    return label_runs(acc[acc.groupby("run")["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run"))
+    own, by = own or [p for p in plans if p not in set(refs)] or list(plans), [c for c in ("run", "template") if c in acc]
+    return label_runs(acc[acc.groupby(by)["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run"))
 
 def stacked_by_run(acc: pd.DataFrame, make, title: str, subtitle=None, param=None):
     "One chart per run (from `make(run_acc, run_label)`), stacked, each laying out its own categories, with a title."

@@ -265,33 +265,37 @@ def _dataset_fingerprint(ds: Path) -> str:
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))   # processes under accelerate launch
 
 def _device_type(device) -> str:
     if device is not None: return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
 
-def epoch_steps(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> int:
-    "Optimizer steps in an epoch of `n_texts` (`world_size` processes each taking a batch per step, as under `accelerate launch`)."
+def epoch_steps(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> int:
+    "Optimizer steps in an epoch of `n_texts` (`world_size` processes each take a batch a step; default: WORLD_SIZE or 1)."
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))   # processes under accelerate launch
     return max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
 
-def train_epochs(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> float:
+def train_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> float:
     "The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps."
     per_epoch = epoch_steps(cfg, n_texts, world_size)
     return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch)) if cfg.min_steps > 0 else cfg.epochs
 
-def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int = 1) -> int:
+def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> int:
     "Epochs between checkpoints and recall logs: 1, or enough short epochs to make `checkpoint_steps` steps."
     if cfg.best_by_eval_loss: return 1   # every evaluated epoch needs its checkpoint
     return max(1, math.ceil(cfg.checkpoint_steps / epoch_steps(cfg, n_texts, world_size)))
 
+def _callbacks(cfg: TrainConfig, tok, examples: list[dict], n_texts: int, progress: bool) -> list:
+    "The recall log and the checkpoints, every `checkpoint_epochs` epochs, and the progress file's steps."
+    every = checkpoint_epochs(cfg, n_texts)
+    return [RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=every),
+            SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints), StepProgress()]
 
 def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
                   has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
     "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
-    epochs = train_epochs(cfg, n_texts, _world_size())
+    epochs = train_epochs(cfg, n_texts)
     kw = dict(output_dir=str(output_dir), num_train_epochs=epochs, max_steps=cfg.max_steps,
               learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
               per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
@@ -433,7 +437,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     run["resume"] = _prepare_work(work, run["run_config"], force)
     # --- training ---
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
-    run["n_recall"], every = len(examples), checkpoint_epochs(cfg, len(data["texts"]), _world_size())
+    run["n_recall"] = len(examples)
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
@@ -441,9 +445,8 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                        data_collator=_collator(cfg, net, tok), processing_class=tok,
                        train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
-                       callbacks=[RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=every),
-                                  SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints), StepProgress(),
-                                  timer := StepTimer(), *(callbacks or [])])
+                       callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress), timer := StepTimer(),
+                                  *(callbacks or [])])
     mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
               k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
               device=trainer.args.device)

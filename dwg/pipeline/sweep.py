@@ -214,6 +214,7 @@ def _check_train(train: dict, problems: list, datasets: list):
     if not isinstance(do, dict) or not set(do) <= set(datasets) or not all(isinstance(v, dict) for v in do.values()):
         problems.append(f"train.dataset_overrides must map dataset names ({', '.join(datasets)}) to settings, e.g. "
                         f"{{{datasets[0]}: {{min_steps: 144}}}}, got {do!r}."); do = {}
+    train["dataset_overrides"] = do   # checked (or emptied once its problem is noted): _overrides reads it
     from dwg.pipeline import config   # transformers: loaded only when a sweep file is checked
     cfg, path = train["config"], config.profile_path(train["config"])
     if path is None:
@@ -226,7 +227,7 @@ def _check_train(train: dict, problems: list, datasets: list):
         except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
         else:
             for d in [None, *do]:
-                try: config.resolve_config(profile, _overrides({**train, "dataset_overrides": do}, d))
+                try: config.resolve_config(profile, _overrides(train, d))
                 except (ValueError, TypeError) as e: problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")

@@ -20,11 +20,12 @@ def _die_with_parent():
     try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except Exception: pass   # not Linux: the child is stopped by `_Child.terminate` only
 
-def _child_env() -> dict:
-    "The environment of a run's process: not a test, offline hub, no tokenizer threads."
+def _child_env(jobs: int = 1) -> dict:
+    "The environment of a run's process: not a test, offline hub, no tokenizer threads, its share of the CPU cores."
     env = {k: v for k, v in os.environ.items() if k != "IN_TEST"}
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if jobs > 1: env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))   # no oversubscription
     return env
 
 def _watch_sweep(pid: int, start, every: float = 0.5):
@@ -77,19 +78,19 @@ def _forkserver():
 # %% ../../nbs/05b_local.ipynb #b3cbfc1e
 class _Child:
     "One run executing in a child process: forked from a fork server where available, else `python -m dwg.pipeline.cli run-one`."
-    def __init__(self, graph_path, key: str, log: Path):
+    def __init__(self, graph_path, key: str, log: Path, jobs: int = 1):
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a") as f: f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {key}\n")
         self.proc = self.mp = None
         if (ctx := _forkserver()) is not None:
             from dwg.pipeline import local   # the exported module: a picklable target, also when this runs in the notebook
-            args = (str(graph_path), key, str(log), _child_env(), os.getcwd(), os.getpid(), process_start(os.getpid()))
+            args = (str(graph_path), key, str(log), _child_env(jobs), os.getcwd(), os.getpid(), process_start(os.getpid()))
             self.mp = ctx.Process(target=local._run_child, args=args)
             self.mp.start()
         else:
             cmd = [sys.executable, "-m", "dwg.pipeline.cli", "run-one", "--graph", str(graph_path), "--run", key]
             with open(log, "a") as f:
-                self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_child_env(),
+                self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_child_env(jobs),
                                              preexec_fn=_die_with_parent)
 
     def poll(self):
@@ -165,7 +166,7 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
             while ready and len(running) < max(1, jobs):
                 r = ready.pop(0)
                 todo.remove(r)
-                running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"]), time.time())
+                running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"], jobs), time.time())
             now = running_text(runs_dir, [r for r, _, _ in running.values()])
             note.show(f"running {now}" if now else "")
             if not running and todo and not ready: break    # cannot happen in a well-formed graph

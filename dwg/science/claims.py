@@ -102,11 +102,24 @@ PAPER_CLAIMS = [
 ]
 
 # %% ../../nbs/06c_claims.ipynb #9741c773
+class _Scores(np.ndarray):
+    "One plan's scores over the facts of a resample; `mean` skips missing facts, as pandas does."
+    def mean(self, *args, **kwargs) -> float: return float(np.nanmean(self.view(np.ndarray))) if self.size else float("nan")
+
+def _resampler(m: pd.DataFrame):
+    "idx -> {score: {plan: _Scores}} of the facts `m` at rows `idx`: numpy indexing, no DataFrame per resample."
+    cols = {(s, p): m[(s, p)].to_numpy(float) for s, p in m.columns}
+    def take(idx):
+        out: dict = {}
+        for (s, p), a in cols.items(): out.setdefault(s, {})[p] = a[idx].view(_Scores)
+        return out
+    return take
+
 def bootstrap_stat(m: pd.DataFrame, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple:
     "`stat` of the facts `m`, and its percentile interval over `n_boot` resamples of the facts (seeded)."
-    value = stat(m)
+    value, take = stat(m), _resampler(m)
     rng = np.random.default_rng(seed)
-    boots = np.array([stat(m.iloc[rng.integers(0, len(m), len(m))]) for _ in range(n_boot)])
+    boots = np.array([stat(take(rng.integers(0, len(m), len(m)))) for _ in range(n_boot)])
     boots = boots[~np.isnan(boots)]
     if not len(boots): return value, float("nan"), float("nan")
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
@@ -122,7 +135,7 @@ def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, 
     for c in claims:
         if not set(c.plans) <= have: left.append(c.claim); continue
         sub = m.dropna(subset=[(s, p) for s in ("hit", "lp") for p in c.plans])
-        v, lo, hi = bootstrap_stat(sub, c.stat, n_boot, seed)
+        v, lo, hi = bootstrap_stat(sub[[(s, p) for s in ("hit", "lp") for p in c.plans]], c.stat, n_boot, seed)
         weak = c.reference is not None and sub["hit"][c.reference].mean() < MIN_REFERENCE
         rows.append(dict(claim=c.claim, paper=c.paper, measure=c.measure, ours=_fmt(v, lo, hi), facts=len(sub),
                          verdict=f"n/a: {c.reference} top-{k} {sub['hit'][c.reference].mean():.2f}" if weak

@@ -265,7 +265,6 @@ def _dataset_fingerprint(ds: Path) -> str:
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
-
 def _device_type(device) -> str:
     if device is not None: return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"

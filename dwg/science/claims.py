@@ -134,8 +134,8 @@ def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, 
     have = set(m.columns.get_level_values("plan"))
     for c in claims:
         if not set(c.plans) <= have: left.append(c.claim); continue
-        sub = m.dropna(subset=[(s, p) for s in ("hit", "lp") for p in c.plans])
-        v, lo, hi = bootstrap_stat(sub[[(s, p) for s in ("hit", "lp") for p in c.plans]], c.stat, n_boot, seed)
+        sub = m[[(s, p) for s in ("hit", "lp") for p in c.plans]].dropna()   # the facts every plan of the claim scored
+        v, lo, hi = bootstrap_stat(sub, c.stat, n_boot, seed)
         weak = c.reference is not None and sub["hit"][c.reference].mean() < MIN_REFERENCE
         rows.append(dict(claim=c.claim, paper=c.paper, measure=c.measure, ours=_fmt(v, lo, hi), facts=len(sub),
                          verdict=f"n/a: {c.reference} top-{k} {sub['hit'][c.reference].mean():.2f}" if weak

@@ -9,6 +9,8 @@ import pytest, torch
 from dwg.dev.coverage import check_family, tiny_random, perturbed, reference_last_logits
 from dwg.engine.graft import graft, resolve_components
 from dwg.engine.arch import architecture
+from dwg.science.evaluate import SharedPrefix, first_grafted_layer, plan_forward
+from dwg.science.plans import get_plan
 
 NAMED = [
     "qwen3", "qwen3_moe", "gemma3_text", "gemma4_text", "llama4_text", "mistral", "ministral", "ministral3", "phi3",
@@ -112,3 +114,55 @@ def test_one_expert_is_its_own_component():
     assert torch.allclose(plain, e0, atol=1e-6)
     assert torch.allclose(e2, every, atol=1e-5) and not torch.allclose(plain, e2, atol=1e-4)
     assert resolve_components(model, "ffn") == ["experts", "router"] or set(resolve_components(model, "ffn")) == {"experts", "router"}
+
+
+def _padded_batch():
+    "Two rows, the second left-padded by two columns (mask and position ids as dwg.engine.prompts.encode makes them)."
+    ids = torch.tensor([[5, 9, 3, 7, 2, 4, 8], [0, 0, 8, 6, 3, 2, 9]])
+    mask = torch.tensor([[1] * 7, [0, 0] + [1] * 5])
+    return dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+
+
+@pytest.mark.parametrize("model_type", NAMED + [pytest.param(t, marks=pytest.mark.all_families) for t in OTHERS])
+def test_replayed_layers_give_the_full_pass(model_type):
+    """A plan scored from the shared prefix, the layers below its first one replayed from the base model's own run,
+    gives the logits of its full grafted pass (graft and patch plans, one position or the last)."""
+    model = tiny_random(model_type); donor = perturbed(model)
+    models, batch = dict(pretrained=model, finetuned=donor), _padded_batch()
+    try: model(**batch)
+    except RuntimeError as e: pytest.skip(f"transformers' tiny {model_type} fails a plain padded batch: {e}")
+    prefix = SharedPrefix(model, batch)
+    for name, col in [("graft:FE@layer_1", 4), ("graft-attn:LT@layer_1", 6), ("patch-resid:FE@layer_1", 4)]:
+        plan, masks = get_plan(name), [torch.zeros(2, 7, dtype=torch.bool)]
+        masks[0][:, col] = True
+        assert first_grafted_layer(plan, models) == 1
+        got = plan_forward(plan, models, batch, masks, prefix=prefix, replay_layers=True)[0]
+        want = plan_forward(plan, models, batch, masks)[0]
+        assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 1e-5, name
+    if model_type in ("llama", "qwen3", "gpt2", "gpt_neox", "gemma2", "mixtral"):
+        assert prefix.layer_outputs() is not None   # the replay was used, not fallen back from
+
+
+def test_replay_falls_back_where_it_would_differ():
+    """Layers that pass state outside their outputs (here layer 1 adds what layer 0's MLP stashed) fail the replay check:
+    the plans then run every layer, and still give the full pass."""
+    model = tiny_random("llama"); donor = perturbed(model)
+    batch, layers, stash = _padded_batch(), model.model.layers, []
+    def add_stashed(m, args, kwargs):
+        extra = stash.pop() if stash else 0
+        if args: return (args[0] + extra,) + args[1:], kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + extra}
+    hooks = [layers[0].mlp.register_forward_hook(lambda m, a, out: stash.append(out)),
+             layers[1].register_forward_pre_hook(add_stashed, with_kwargs=True)]
+    try:
+        prefix = SharedPrefix(model, batch)
+        assert prefix.layer_outputs() is None
+        plan, masks = get_plan("graft:FE@layer_1"), [torch.zeros(2, 7, dtype=torch.bool)]
+        masks[0][:, 4] = True
+        models = dict(pretrained=model, finetuned=donor)
+        got = plan_forward(plan, models, batch, masks, prefix=prefix, replay_layers=True)[0]
+        stash.clear()
+        want = plan_forward(plan, models, batch, masks)[0]
+        assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 1e-5
+    finally:
+        for h in hooks: h.remove()

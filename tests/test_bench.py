@@ -13,7 +13,8 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     # this one (a SmolLM2 load) would leave a peak that every reading here falls under
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "dwg.dev.bench", "--model", "tiny-llama", "--batch", "8", "--n-original", "2",
-                          "--n-facts", "8", "--workdir", str(tmp_path), "--json", str(out)],
+                          "--n-facts", "8", "--stage-facts", "2", "--stage-batch", "4", "--workdir", str(tmp_path),
+                          "--json", str(out)],
                          capture_output=True, text=True, check=True)
     res = json.loads(out.read_text())
     assert res["batch"] == 8
@@ -38,6 +39,9 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     assert res["lora_extra_rss_over_weights"] <= res["donor_extra_rss_over_weights"]
     # a full donor's weights show at the peak; the adapter's graft adds far less (so its reading came before the donor)
     assert res["donor_extra_rss_over_weights"] > 0.9 > res["lora_extra_rss_over_weights"]
+    # the stage timing: both ways give the same numbers, the ratio is that of the printed times
+    assert res["stage_size"].startswith("methods: ") and res["stage_max_abs_dprob"] < 1e-5
+    assert math.isclose(res["stage_speedup"], res["stage_before_s"] / res["stage_now_s"])
     n_plans = len(plan_groups()["position"])
     assert res["position_sweep_size"].startswith(f"{n_plans} plans x 8 facts")
 
@@ -45,7 +49,7 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
 def test_benchmark_without_lora(tmp_path):
     "--lora none skips the LoRA measurements."
     out = tmp_path / "bench.json"
-    res = main(["--model", "tiny-llama", "--batch", "4", "--n-original", "1", "--n-facts", "4", "--lora", "none",
+    res = main(["--model", "tiny-llama", "--batch", "4", "--n-original", "1", "--n-facts", "4", "--lora", "none", "--stage-facts", "0",
                 "--workdir", str(tmp_path), "--json", str(out)])
-    assert res["lora"] is None and not any(k.startswith("lora_") for k in res)
+    assert res["lora"] is None and not any(k.startswith(("lora_", "stage_")) for k in res)
     assert json.loads(out.read_text()) == res   # --json writes what main returns

@@ -9,11 +9,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from ..science.models import load, checkpoint_dir
 from .coverage import reference_last_logits
-from ..science.data import FIELDS, create_dataset, load_split
+from ..science.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_split
 from ..engine.lora import as_donor, read_adapter
 from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from ..engine.patch import patch
-from ..science.plans import get_plan, plan_groups
+from ..science.plans import expand_plans, get_plan, plan_groups, resolve_plans
 
 # %% auto #0
 __all__ = ['make_standin_donor', 'make_standin_adapter', 'bench_examples', 'run_benchmark', 'main']
@@ -148,6 +148,26 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
     with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
+def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int):
+    """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, two ways timed twice
+    each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
+    of like lengths, lower layers replayed); and the largest probability difference between the two."""
+    exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
+    facts = sorted({e["fact_id"] for e in exs})[:n_facts]
+    exs = [e for e in exs if e["fact_id"] in facts]
+    plans = expand_plans(resolve_plans(stage, list(models), "stage"), models["pretrained"].config.num_hidden_layers)
+    ways = dict(before=dict(by_length=False, replay_layers=False), now={})
+    rows, times = {}, {k: [] for k in ways}
+    for _ in range(2):
+        for way, kw in ways.items():
+            t = time.perf_counter()
+            rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw)
+            times[way].append(time.perf_counter() - t)
+    res["stage_size"] = f"{stage}: {len(plans)} plans x {len(exs)} prompts ({len(facts)} facts), chunks of {batch}"
+    res["stage_before_s"], res["stage_now_s"] = min(times["before"]), min(times["now"])
+    res["stage_speedup"] = res["stage_before_s"] / res["stage_now_s"]
+    res["stage_max_abs_dprob"] = max(abs(a.get("prob", 0) - b.get("prob", 0)) for a, b in zip(rows["before"], rows["now"]))
+
 def _standin(kind: str, model: str, out: str) -> str:
     "Make a stand-in donor or adapter in a child process (so that making it does not count in this process's peak memory)."
     code = f"from dwg.dev.bench import make_standin_{kind}; make_standin_{kind}({model!r}, {out!r})"
@@ -155,7 +175,8 @@ def _standin(kind: str, model: str, out: str) -> str:
     return out
 
 def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: str = "standin", batch: int = 64,
-                  n_original: int = 5, n_facts: int = 100, workdir: str | None = None) -> dict:
+                  n_original: int = 5, n_facts: int = 100, stage: str = "methods", stage_facts: int = 8,
+                  stage_batch: int = 16, workdir: str | None = None) -> dict:
     "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft); return the numbers."
     workdir = workdir or tempfile.mkdtemp()
     donor = str(checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor")))   # a sweep's run directory works too
@@ -187,6 +208,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     evaluate_plans(sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS)   # M plans: skipped rows
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
+    if stage_facts: _time_stage(res, models, tok, workdir, stage, stage_facts, stage_batch)
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
     if lora: _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
     return res
@@ -199,6 +221,9 @@ _OPTION_HELP = dict(
          "every attention and MLP projection; 'none': skip the LoRA measurements",
     batch="examples per batched forward", n_original="examples run through the original algorithm (seconds each)",
     n_facts="facts in the position sweep (12 plans x n_facts x 1 prompt)",
+    stage="a plan group timed the way a sweep's grafting stage runs it, on the paper's prompts: before (chunks in the "
+          "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed)",
+    stage_facts="facts of that stage timing (about 7 prompts each); 0 skips it", stage_batch="its chunk size",
     workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")
 
 def main(argv=None):

@@ -5,7 +5,7 @@
 # %% ../../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
 import dataclasses, json, time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 import pandas as pd
 import torch
@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 from .data import DIRECTIONS, has_reversal_prompts, load_split
 from .models import load
 from ..engine.lora import adapter_dir, as_donor, read_adapter
-from ..engine.graft import graft, resolve_layers
-from ..engine.arch import architecture
+from ..engine.graft import graft, resolve_components, resolve_layers
+from ..engine.arch import architecture, decoder_layers
 from ..engine.patch import patch
 from .plans import (Rule, expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan,
                               check_plan_roles, example_roles, unknown_roles)
@@ -22,8 +22,9 @@ from ..runs import report_progress, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
-__all__ = ['first_token_scores', 'top_k', 'rule_masks', 'grafted', 'first_grafted_column', 'SharedPrefix', 'plan_forward',
-           'score_plan', 'evaluate_plans', 'summarize', 'adapter_roles', 'select_examples', 'run_grafting']
+__all__ = ['first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'first_grafted_column', 'SharedPrefix',
+           'plan_forward', 'score_plan', 'length_order', 'evaluate_plans', 'summarize', 'adapter_roles',
+           'select_examples', 'run_grafting']
 
 # %% ../../nbs/03_evaluate.ipynb #8dc1e565
 #| export
@@ -76,13 +77,25 @@ def _bind(plan, models: dict) -> tuple:
     if missing: raise ValueError(f"Plan '{plan.name}' needs model role(s) {missing}; given: {list(models)}.")
     return models[plan.base], [models[r.donor] for r in plan.rules]
 
+def _rule_layers(rule, base, seed: int = 0) -> list[int]:
+    "The layers a rule changes in `base` (its layer spec, less the layers its dropout leaves out)."
+    layers = resolve_layers(rule.layers, architecture(base)["n_layers"])
+    return kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
+
+def first_grafted_layer(plan, models: dict, seed: int = 0) -> int:
+    "The first decoder layer any rule of `plan` changes: 0 for a plan without rules, grafting an embedding, or self-donor."
+    base, donors = _bind(plan, models)
+    if not plan.rules or any(d is base for d in donors): return 0
+    embeddings = {"embed", "pos_embed"} | {architecture(base)["globals"].get(n) for n in ("embed", "pos_embed")}
+    if any(r.method != "patch" and embeddings & set(resolve_components(base, r.components)) for r in plan.rules): return 0
+    return min(min(_rule_layers(r, base, seed), default=0) for r in plan.rules)
+
 def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None) -> ExitStack:
     "An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch) context per rule of `plan`."
     base, donors = _bind(plan, models)
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
-        layers = resolve_layers(rule.layers, architecture(base)["n_layers"])
-        layers = kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
+        layers = _rule_layers(rule, base, seed)
         if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs))
         else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
@@ -98,33 +111,70 @@ def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
     return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
                 attention_mask=batch["attention_mask"][:, :stop])
 
+def _layer_shaped(outputs: list, batch: dict, n: int) -> bool:
+    "Whether every one of `n` decoder layers gave one (batch, seq, hidden) tensor (not a tuple or a stack of streams)."
+    shape = tuple(batch["input_ids"].shape)
+    return len(outputs) == n and all(torch.is_tensor(o) and o.dim() == 3 and tuple(o.shape[:2]) == shape for o in outputs)
+
 class SharedPrefix:
-    "The base model's keys and values over a batch's leading columns, shared by the plans that graft nothing there."
+    """What the plans of a batch share with its base model: keys and values over the leading columns no plan grafts,
+    and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
     def __init__(self, model, batch: dict):
-        self.model, self.batch, self.cache, self.croppable = model, batch, None, True
+        self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
+
+    @torch.no_grad()
+    def layer_outputs(self) -> list | None:
+        "Each decoder layer's output over the whole batch, once; None if replaying them does not give the model's logits."
+        if self.outputs is None:
+            layers, outs = decoder_layers(self.model)[1], []
+            hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o)) for layer in layers]
+            try: want = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
+            finally:
+                for h in hooks: h.remove()
+            self.outputs = outs if _layer_shaped(outs, self.batch, len(layers)) else False
+            if self.outputs:   # the check: the first half replayed, the second half run, the same logits
+                with self.replay(len(layers) // 2, 0): got = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
+                if not torch.allclose(got, want, rtol=1e-4, atol=1e-5): self.outputs = False
+        return self.outputs or None
+
+    @contextmanager
+    def replay(self, upto: int, start: int):
+        "Decoder layers `[0, upto)` skip their work and return their recorded outputs over columns `start:`."
+        layers = decoder_layers(self.model)[1]
+        def recorded(i): return lambda *args, **kwargs: self.outputs[i][:, start:]
+        try:
+            for i in range(upto): layers[i].forward = recorded(i)
+            yield
+        finally:
+            for i in range(upto): layers[i].__dict__.pop("forward", None)
 
     @torch.no_grad()
     def take(self, start: int):
-        "A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped)."
+        """A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped). The columns
+        past the last `start` taken hold a plan's grafted keys and values: a longer prefix is computed afresh."""
         if start == 0 or not self.croppable: return None
-        if self.cache is None or self.cache.get_seq_length() < start:
+        if self.cache is None or self.clean < start:
             self.cache = self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
             self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
             if not self.croppable: self.cache = None; return None  # e.g. sliding-window layers (Gemma 2/3)
-        extra = self.cache.get_seq_length() - start
-        if extra: self.cache.crop(-extra)
+        for layer in self.cache.layers:   # each layer alone: a plan that replayed the lower layers grew only the upper ones
+            if (extra := layer.get_seq_length() - start) > 0: layer.crop(-extra)
+        self.clean = start
         return self.cache
 
 @torch.no_grad()
 def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None,
-                 runs: dict | None = None):
-    "Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns)."
+                 runs: dict | None = None, replay_layers: bool = False):
+    """Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns;
+    `replay_layers`: and its layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
     width = batch["input_ids"].shape[1]
     start = min(first_grafted_column(masks, width), width - 1)
     # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
     cache = prefix.take(start) if prefix is not None and not plan.patches else None
     if cache is None: start = 0
-    with grafted(plan, models, masks, seed, runs):
+    upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
+    if upto and prefix.layer_outputs() is None: upto = 0
+    with grafted(plan, models, masks, seed, runs), (prefix.replay(upto, start) if upto else nullcontext()):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 
@@ -153,12 +203,13 @@ def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: 
 @torch.no_grad()
 def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
                generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None,
-               runs: dict | None = None) -> list[dict]:
-    "One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation."
+               runs: dict | None = None, replay_layers: bool = True) -> list[dict]:
+    """One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation
+    (`replay_layers`: the layers below the plan's first from `prefix`, when not generating)."""
     plan = get_plan(plan)
     masks, skipped = rule_masks(plan, prep)
     _bind(plan, models)
-    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs)
+    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs, replay_layers and not generate)
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
     logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]   # exact where the probability underflows
@@ -186,26 +237,36 @@ def _prefix_order(plans: list, prep: dict) -> list:
     width = prep["batch"]["input_ids"].shape[1]
     return sorted(plans, key=lambda p: -first_grafted_column(rule_masks(p, prep)[0], width))
 
+def length_order(tokenizer, examples: list[dict]) -> list[int]:
+    "Example indices from the shortest tokenized prompt to the longest (stable): chunks of like lengths pad little."
+    lengths = [len(tokenizer(e["prompt"])["input_ids"]) for e in examples]
+    return sorted(range(len(examples)), key=lengths.__getitem__)
+
 def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], batch_size: int = 64,
-                   progress: bool = True, share_prefix: bool = True, roles=None, **kw) -> list[dict]:
-    """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes.
+                   progress: bool = True, share_prefix: bool = True, roles=None, by_length: bool = True,
+                   **kw) -> list[dict]:
+    """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes
+    (and replaying the base model's lower layers, unless `replay_layers=False`; `share_prefix=False`: neither);
+    `by_length`: chunks of like prompt lengths (less padding). Rows come in plan-major, example order either way.
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
     without a role its plan names is a skipped row."""
     plans = [get_plan(p) for p in plans]
     for p in plans: _bind(p, models)  # fail before any work if a model role is missing
     check_plan_roles(plans, example_roles(examples) if roles is None else roles)   # ... or a position role none has
     device = next(iter(models.values())).device
-    rows = {p.name: [] for p in plans}  # plan-major order, whatever the batch size or scoring order
+    rows = {p.name: [None] * len(examples) for p in plans}
+    order = length_order(tokenizer, examples) if by_length else list(range(len(examples)))
     done, total = 0, len(plans) * len(examples)
     bar = tqdm(total=total, desc="grafting", disable=not progress, unit="ex")
-    for chunk in batches(examples, batch_size):
-        prep = prepare(tokenizer, chunk, device)
+    for idx in batches(order, batch_size):
+        prep = prepare(tokenizer, [examples[i] for i in idx], device)
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
         donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p in _prefix_order(plans, prep):
-            rows[p.name] += score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs, **kw)
-            bar.update(len(chunk))
-            done += len(chunk); report_progress("grafting", done, total)
+            for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs, **kw)):
+                rows[p.name][i] = row
+            bar.update(len(idx))
+            done += len(idx); report_progress("grafting", done, total)
     bar.close()
     return [r for p in plans for r in rows[p.name]]
 

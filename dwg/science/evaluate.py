@@ -16,14 +16,14 @@ from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_components, resolve_layers
 from ..engine.arch import architecture, decoder_layers
 from ..engine.patch import patch
-from .plans import (Rule, expand_plans, get_plan, resolve_positions, kept_layers, MissingSpan,
+from .plans import (Rule, expand_plans, get_plan, resolve_plans, resolve_positions, kept_layers, MissingSpan,
                               check_plan_roles, example_roles, unknown_roles)
 from ..runs import report_progress, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
-__all__ = ['first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'first_grafted_column', 'SharedPrefix',
-           'plan_forward', 'score_plan', 'length_order', 'evaluate_plans', 'summarize', 'adapter_roles',
+__all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'first_grafted_column',
+           'SharedPrefix', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize', 'adapter_roles',
            'select_examples', 'run_grafting']
 
 # %% ../../nbs/03_evaluate.ipynb #8dc1e565
@@ -39,14 +39,20 @@ __all__ = ['first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', '
 
 
 # %% ../../nbs/03_evaluate.ipynb #94c03e0f
+def length_order(tokenizer, examples: list[dict]) -> list[int]:
+    "Example indices from the shortest tokenized prompt to the longest (stable): chunks of like lengths pad little."
+    lengths = [len(tokenizer(e["prompt"])["input_ids"]) for e in examples]
+    return sorted(range(len(examples)), key=lengths.__getitem__)
+
 def first_token_scores(model, tokenizer, examples: list[dict], batch_size: int = 32, desc: str | None = None) -> list[dict]:
-    "Rank and probability of each example's first target token after its prompt (no grafting)."
-    rows = []
-    for chunk in batches(examples, batch_size, desc):
+    "Rank and probability of each example's first target token after its prompt (no grafting), in the examples' order."
+    rows = [None] * len(examples)
+    for idx in batches(length_order(tokenizer, examples), batch_size, desc):   # chunks of like lengths: little padding
+        chunk = [examples[i] for i in idx]
         enc = encode(tokenizer, [e["prompt"] for e in chunk], model.device)
         tids = torch.tensor([target_token_ids(tokenizer, e["prompt"], e["target"])[0] for e in chunk], device=model.device)
         ranks, probs = rank_and_prob(last_logits(model, enc["batch"]), tids)
-        rows += [dict(rank=int(r), prob=float(p), target_id=int(t)) for r, p, t in zip(ranks, probs, tids)]
+        for i, r, p, t in zip(idx, ranks, probs, tids): rows[i] = dict(rank=int(r), prob=float(p), target_id=int(t))
     return rows
 
 def top_k(rows: list[dict], k: int = 1) -> float:
@@ -237,17 +243,13 @@ def _prefix_order(plans: list, prep: dict) -> list:
     width = prep["batch"]["input_ids"].shape[1]
     return sorted(plans, key=lambda p: -first_grafted_column(rule_masks(p, prep)[0], width))
 
-def length_order(tokenizer, examples: list[dict]) -> list[int]:
-    "Example indices from the shortest tokenized prompt to the longest (stable): chunks of like lengths pad little."
-    lengths = [len(tokenizer(e["prompt"])["input_ids"]) for e in examples]
-    return sorted(range(len(examples)), key=lengths.__getitem__)
-
 def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], batch_size: int = 64,
                    progress: bool = True, share_prefix: bool = True, roles=None, by_length: bool = True,
-                   **kw) -> list[dict]:
+                   generate=False, **kw) -> list[dict]:
     """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes
     (and replaying the base model's lower layers, unless `replay_layers=False`; `share_prefix=False`: neither);
     `by_length`: chunks of like prompt lengths (less padding). Rows come in plan-major, example order either way.
+    `generate`: True (every plan), False, or the names of the plans that also decode the whole name.
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
     without a role its plan names is a skipped row."""
     plans = [get_plan(p) for p in plans]
@@ -263,7 +265,9 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
         donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p in _prefix_order(plans, prep):
-            for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs, **kw)):
+            gen = generate if isinstance(generate, bool) else p.name in generate
+            for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,
+                                              generate=gen, **kw)):
                 rows[p.name][i] = row
             bar.update(len(idx))
             done += len(idx); report_progress("grafting", done, total)
@@ -358,12 +362,22 @@ def _with_roles(plans: list, roles: set) -> list:
     if plans and not out: check_plan_roles(plans, roles)   # nothing left: the error names the roles there are
     return out
 
+def _generating(generate, plans: list, roles: list, depth: int):
+    "True / False as given, or the set of plan names a list of plan and group names means; an error if not among `plans`."
+    if isinstance(generate, bool): return generate
+    names = set(expand_plans(resolve_plans(generate, roles, "generate", provider="these models"), depth))
+    if bad := sorted(names - {p.name for p in plans}):
+        raise ValueError(f"generate names plans that this run does not score: {', '.join(bad)}. Fix: choose among "
+                         f"{', '.join(p.name for p in plans)}, or give true / false.")
+    return names
+
 def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templates="all", split="all",
-                 batch_size: int = 64, generate: bool = False, generated: str = "base", max_examples: int = 0,
+                 batch_size: int = 64, generate: bool | list = False, generated: str = "base", max_examples: int = 0,
                  out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None,
                  reversal_plans=()):
     """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
-    results + run record. `reversal_plans` (names among `plans`) are scored on the reversal (B2A) prompts too."""
+    results + run record. `reversal_plans` (names among `plans`) are scored on the reversal (B2A) prompts too;
+    `generate`: True, False, or plan and group names (among `plans`) that also decode the whole name."""
     started = time.time()
     nominal = [get_plan(p) for p in expand_plans(plans, 4)]   # depth-dependent families at a nominal depth: roles
     need = sorted({r for p in nominal for r in p.roles} - set(models))
@@ -375,6 +389,7 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     bound, tok = _load_roles(used, light)
     depth = next(iter(bound.values())).config.num_hidden_layers
     plans = _adapter_plans(_with_roles([get_plan(p) for p in expand_plans(plans, depth)], roles), light)
+    generate = _generating(generate, plans, list(models), depth)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
     if reversal_plans and not has_reversal_prompts(dataset_dir):   # custom facts: none
         print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()

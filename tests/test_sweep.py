@@ -182,7 +182,7 @@ def test_general_text_is_in_the_id_only_when_used(tmp_path):
     (lambda d: d["graft_positions"].update(generated="last"), "graft_positions.generated must be base or last_token"),
     (lambda d: d["graft_components"].update(batch_size="x"), "graft_components.batch_size must be an integer >= 1"),
     (lambda d: d["graft_positions"].update(generate="yes"), "graft_positions.generate must be true, false or a list"),
-    (lambda d: d["graft_positions"].update(generate=["FE", "methods"]), "generate names plans the section does not score: "),
+    (lambda d: d["graft_positions"].update(generate=["FE", "methods"]), "graft_positions.generate must be true, false or a list"),
     (lambda d: d["train"].update(overrides={"epoch": 2}), "train.overrides: Unknown training setting(s) 'epoch'"),
 ])
 def test_sweep_file_errors(tmp_path, change, message):

@@ -191,25 +191,15 @@ def _check_templates(templates, where, problems, datasets: dict | None = None):
                             f"{', '.join(have)}; or 'all'.")
     return templates
 
-def _plan_set(plans) -> set:
-    "The plan names a plan or group name, or a list of them, stands for (depth families stay names)."
-    groups = plans_mod.plan_groups()
-    return {q for p in ([plans] if isinstance(plans, str) else plans) for q in groups.get(p, [p])}
-
 def _check_grafting_options(sec: dict, where: str, problems: list):
     "Problems with a grafting section's split, generation and size settings (each names the valid values)."
     if sec["split"] not in ("all", "task", "relation"):
         problems.append(f"{where}.split must be all, task or relation, got {sec['split']!r}.")
     if sec.get("generated") not in (None, "base", "last_token"):
-        problems.append(f"{where}.generated must be base or last_token (what generated tokens use), "
-                        f"got {sec['generated']!r}.")
-    gen = sec.get("generate", False)
-    if not isinstance(gen, bool) and not (isinstance(gen, list) and gen and all(isinstance(p, str) for p in gen)):
+        problems.append(f"{where}.generated must be base or last_token (what generated tokens use), got {sec['generated']!r}.")
+    if not isinstance(gen := sec.get("generate", False), bool) and not plans_mod.among(gen, sec["plans"]):
         problems.append(f"{where}.generate must be true, false or a list of the section's plans and plan groups "
                         f"(those also decode the whole name), got {gen!r}.")
-    elif isinstance(gen, list) and not _plan_set(gen) <= _plan_set(sec["plans"]):
-        problems.append(f"{where}.generate names plans the section does not score: "
-                        f"{', '.join(sorted(_plan_set(gen) - _plan_set(sec['plans'])))}. Fix: choose among its plans.")
     for key, low in (("batch_size", 1), ("max_examples", 0), ("seed", 0)):
         v = sec.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):

@@ -388,8 +388,9 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
     bound, tok = _load_roles(used, light)
     depth = next(iter(bound.values())).config.num_hidden_layers
-    plans = _adapter_plans(_with_roles([get_plan(p) for p in expand_plans(plans, depth)], roles), light)
-    generate = _generating(generate, plans, list(models), depth)
+    wanted = [get_plan(p) for p in expand_plans(plans, depth)]
+    generate = _generating(generate, wanted, list(models), depth)   # names of plans the dataset's roles leave out: unused
+    plans = _adapter_plans(_with_roles(wanted, roles), light)
     rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
     if reversal_plans and not has_reversal_prompts(dataset_dir):   # custom facts: none
         print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()

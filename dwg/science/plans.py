@@ -18,7 +18,7 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
            'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
            'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
            'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan',
-           'expand_plans', 'resolve_plans']
+           'expand_plans', 'among', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -326,6 +326,11 @@ def expand_plans(plans: list, n_layers: int) -> list:
     return list({q if isinstance(q, str) else id(q): q for q in out}.values())   # each name once
 
 # %% ../../nbs/02a_plans.ipynb #77412da1
+def among(names, plans) -> bool:
+    "Whether `names` is a non-empty list of plan and group names, all of whose plans `plans` (names or groups) holds."
+    groups, flat = plan_groups(), lambda ps: {q for p in ([ps] if isinstance(ps, str) else ps) for q in groups.get(p, [p])}
+    return isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names) and flat(names) <= flat(plans)
+
 def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list[str]:
     "Plan names from a group name or a list of plan and group names, each runnable with `roles`; else a clear error."
     groups, catalog = plan_groups(), paper_plans()

@@ -130,7 +130,8 @@ def test_replayed_layers_give_the_full_pass(model_type):
     model = tiny_random(model_type); donor = perturbed(model)
     models, batch = dict(pretrained=model, finetuned=donor), _padded_batch()
     try: model(**batch)
-    except RuntimeError as e: pytest.skip(f"transformers' tiny {model_type} fails a plain padded batch: {e}")
+    except RuntimeError as e:
+        pytest.skip(f"the tiny random {model_type} fails a plain padded forward, before any graft: {e}")
     prefix = SharedPrefix(model, batch)
     for name, col in [("graft:FE@layer_1", 4), ("graft-attn:LT@layer_1", 6), ("patch-resid:FE@layer_1", 4)]:
         plan, masks = get_plan(name), [torch.zeros(2, 7, dtype=torch.bool)]

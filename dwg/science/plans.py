@@ -326,10 +326,15 @@ def expand_plans(plans: list, n_layers: int) -> list:
     return list({q if isinstance(q, str) else id(q): q for q in out}.values())   # each name once
 
 # %% ../../nbs/02a_plans.ipynb #77412da1
+def _members(plans) -> list[str]:
+    "The plan names a plan or group name, or a list of them, stands for (groups spelled out, depth families kept)."
+    groups = plan_groups()
+    return [q for p in ([plans] if isinstance(plans, str) else plans) for q in groups.get(p, [p])]
+
 def among(names, plans) -> bool:
     "Whether `names` is a non-empty list of plan and group names, all of whose plans `plans` (names or groups) holds."
-    groups, flat = plan_groups(), lambda ps: {q for p in ([ps] if isinstance(ps, str) else ps) for q in groups.get(p, [p])}
-    return isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names) and flat(names) <= flat(plans)
+    return (isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names)
+            and set(_members(names)) <= set(_members(plans)))
 
 def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list[str]:
     "Plan names from a group name or a list of plan and group names, each runnable with `roles`; else a clear error."
@@ -338,7 +343,7 @@ def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> lis
     if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
         raise ValueError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
                          "group names.")
-    plans = [q for p in plans for q in groups.get(p, [p])]
+    plans = _members(plans)
     if unknown := [p for p in plans if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p)
                    and not is_plan_file(p)]:
         raise ValueError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.science.plans."

@@ -233,9 +233,10 @@ def _pick(rows: list[dict], n_facts, seed: int, facts_name: str) -> list[dict]:
 
 # %% ../../nbs/01a_custom.ipynb #e93206f7
 def build_custom(facts, templates, n_facts: int | None = None, seed: int = 0, *, task_fraction: float = 0.5,
-                 val_fraction: float = 0.1, tokenizer=None) -> dict:
+                 val_fraction: float | None = 0.1, tokenizer=None) -> dict:
     "Build and check a custom dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'info'}`."
     if not 0 < task_fraction < 1: raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
+    if val_fraction is None: val_fraction = 0.1
     if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     rows, spec = load_custom(facts, templates, tokenizer)
     picked = _pick(rows, n_facts, seed, str(facts))

@@ -378,10 +378,12 @@ def hold_out(lines: list[dict], seed: int, val_fraction: float) -> tuple[list[di
     return [l for i, l in enumerate(lines) if i not in val_idx], [l for i, l in enumerate(lines) if i in val_idx]
 
 def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction: float = 0.5,
-                  val_fraction: float = 0.1, article_templates: dict | None = None, qa_templates: dict | None = None,
+                  val_fraction: float | None = None, article_templates: dict | None = None, qa_templates: dict | None = None,
                   eval_templates: dict | None = None, articles_dir=None, fillings_per_prompt: int = 2) -> dict:
-    "Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'eval_b2a', 'info'}`."
+    """Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'eval_b2a', 'info'}`.
+    `val_fraction` None: 0.1 of the texts held out, none of the articles' (each held-out rephrasing is one text less of its fact)."""
     _check_kind(kind)
+    if val_fraction is None: val_fraction = 0.0 if kind == "articles" else 0.1
     article_templates = check_templates(article_templates or ARTICLE_TEMPLATES, "article")
     qa_templates = check_templates(qa_templates or QA_TEMPLATES, "qa")
     eval_templates = check_templates(eval_templates or EVAL_TEMPLATES, "eval")

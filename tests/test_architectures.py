@@ -10,7 +10,7 @@ from dwg.dev.coverage import check_family, tiny_random, perturbed, reference_las
 from dwg.engine.graft import graft, resolve_components
 from dwg.engine.arch import architecture
 from dwg.science.evaluate import SharedPrefix, first_grafted_layer, plan_forward
-from dwg.science.plans import get_plan
+from dwg.science.plans import GraftPlan, Rule, get_plan
 
 NAMED = [
     "qwen3", "qwen3_moe", "gemma3_text", "gemma4_text", "llama4_text", "mistral", "ministral", "ministral3", "phi3",
@@ -126,7 +126,8 @@ def _padded_batch():
 @pytest.mark.parametrize("model_type", NAMED + [pytest.param(t, marks=pytest.mark.all_families) for t in OTHERS])
 def test_replayed_layers_give_the_full_pass(model_type):
     """A plan scored from the shared prefix, the layers below its first one replayed from the base model's own run,
-    gives the logits of its full grafted pass (graft and patch plans, one position or the last)."""
+    gives the logits of its full grafted pass (graft and patch plans, one position or the last); so does a plan that
+    starts from the cache of every column but the last computed under its rules there (a shared head)."""
     model = tiny_random(model_type); donor = perturbed(model)
     models, batch = dict(pretrained=model, finetuned=donor), _padded_batch()
     try: model(**batch)
@@ -142,6 +143,14 @@ def test_replayed_layers_give_the_full_pass(model_type):
         assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 1e-5, name
     if model_type in ("llama", "qwen3", "gpt2", "gpt_neox", "gemma2", "mixtral"):
         assert prefix.layer_outputs() is not None   # the replay was used, not fallen back from
+    hybrid = GraftPlan("FE+LT:ffn", "pretrained", [Rule("finetuned", ["first_actor"]),
+                                                   Rule("finetuned", ["last_token"], "all", ["ffn"])])
+    masks = [torch.zeros(2, 7, dtype=torch.bool) for _ in range(2)]
+    masks[0][:, 4] = masks[1][:, 6] = True
+    want = plan_forward(hybrid, models, batch, masks)[0]
+    for _ in range(2):   # the second plan of a head signature starts from the head cropped back
+        got = plan_forward(hybrid, models, batch, masks, prefix=prefix, shared_head=True)[0]
+        assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 1e-5, "shared head"
 
 
 def test_replay_falls_back_where_it_would_differ():

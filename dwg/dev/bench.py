@@ -151,12 +151,14 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
 def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int):
     """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, two ways timed twice
     each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
-    of like lengths, lower layers replayed); and the largest probability difference between the two."""
+    of like lengths, lower layers replayed, shared heads); and the largest probability difference between the two.
+    The donor also plays the relation model and the base the task model (the component and hybrid plans)."""
     exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
     facts = sorted({e["fact_id"] for e in exs})[:n_facts]
     exs = [e for e in exs if e["fact_id"] in facts]
-    plans = expand_plans(resolve_plans(stage, list(models), "stage"), models["pretrained"].config.num_hidden_layers)
-    ways = dict(before=dict(by_length=False, replay_layers=False), now={})
+    models = {**models, "task": models["pretrained"], "relation": models["finetuned"]}
+    plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), models["pretrained"].config.num_hidden_layers)
+    ways = dict(before=dict(by_length=False, replay_layers=False, share_heads=False), now={})
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
         for way, kw in ways.items():
@@ -222,7 +224,8 @@ _OPTION_HELP = dict(
     batch="examples per batched forward", n_original="examples run through the original algorithm (seconds each)",
     n_facts="facts in the position sweep (12 plans x n_facts x 1 prompt)",
     stage="a plan group timed the way a sweep's grafting stage runs it, on the paper's prompts: before (chunks in the "
-          "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed)",
+          "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed, "
+          "plans that graft the same before the last column sharing it); several: comma-separated, e.g. components,hybrid",
     stage_facts="facts of that stage timing (about 7 prompts each); 0 skips it", stage_batch="its chunk size",
     workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")
 

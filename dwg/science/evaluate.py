@@ -5,6 +5,7 @@
 # %% ../../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
 import dataclasses, json, time
+from collections import Counter
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 import pandas as pd
@@ -23,8 +24,8 @@ from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_pro
 
 # %% auto #0
 __all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'first_grafted_column',
-           'SharedPrefix', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize', 'adapter_roles',
-           'select_examples', 'run_grafting']
+           'SharedPrefix', 'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize',
+           'adapter_roles', 'select_examples', 'run_grafting']
 
 # %% ../../nbs/03_evaluate.ipynb #8dc1e565
 #| export
@@ -127,6 +128,7 @@ class SharedPrefix:
     and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
     def __init__(self, model, batch: dict):
         self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
+        self.head = None   # (signature, cache) of the last head taken
 
     @torch.no_grad()
     def layer_outputs(self) -> list | None:
@@ -168,15 +170,38 @@ class SharedPrefix:
         self.clean = start
         return self.cache
 
+    @torch.no_grad()
+    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0):
+        """A cache of every column but the last, computed under `plan`'s rules there: the plans of one `head_signature`
+        share it (e.g. the hybrids all graft the relation model at FE). None where the cache cannot be cropped."""
+        if not self.croppable: return None
+        width, signature = self.batch["input_ids"].shape[1], head_signature(plan, masks)
+        if self.head is None or self.head[0] != signature:
+            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed):
+                cache = self.model(**_time_slice(self.batch, 0, width - 1), use_cache=True, logits_to_keep=1).past_key_values
+            if not all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None])):
+                self.croppable = False; return None
+            self.head = (signature, cache)
+        for layer in self.head[1].layers:
+            if (extra := layer.get_seq_length() - (width - 1)) > 0: layer.crop(-extra)
+        return self.head[1]
+
+def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
+    "What `plan` does before the last column (its base, and each rule acting there with its mask), or None: nothing."
+    head = [(repr({**dataclasses.asdict(r), "positions": None}), m[:, :-1].cpu().numpy().tobytes())
+            for r, m in zip(plan.rules, masks) if m[:, :-1].any()]
+    return (plan.base, tuple(head)) if head and not plan.patches else None
+
 @torch.no_grad()
 def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None,
-                 runs: dict | None = None, replay_layers: bool = False):
-    """Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns;
-    `replay_layers`: and its layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
+                 runs: dict | None = None, replay_layers: bool = False, shared_head: bool = False):
+    """Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns,
+    or with `shared_head` its cache of every column but the last under the plan's rules there; `replay_layers`: and its
+    layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
     width = batch["input_ids"].shape[1]
-    start = min(first_grafted_column(masks, width), width - 1)
+    start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
     # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
-    cache = prefix.take(start) if prefix is not None and not plan.patches else None
+    cache = None if prefix is None or plan.patches else prefix.take_head(plan, models, masks, seed) if shared_head else prefix.take(start)
     if cache is None: start = 0
     upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
     if upto and prefix.layer_outputs() is None: upto = 0
@@ -209,13 +234,15 @@ def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: 
 @torch.no_grad()
 def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
                generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None,
-               runs: dict | None = None, replay_layers: bool = True) -> list[dict]:
+               runs: dict | None = None, replay_layers: bool = True, shared_head: bool = False) -> list[dict]:
     """One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation
-    (`replay_layers`: the layers below the plan's first from `prefix`, when not generating)."""
+    (`replay_layers`: the layers below the plan's first from `prefix`, when not generating; `shared_head`: see
+    `plan_forward`)."""
     plan = get_plan(plan)
     masks, skipped = rule_masks(plan, prep)
     _bind(plan, models)
-    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs, replay_layers and not generate)
+    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs, replay_layers and not generate,
+                                 shared_head)
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
     logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]   # exact where the probability underflows
@@ -238,16 +265,25 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
         rows.append(row)
     return rows
 
-def _prefix_order(plans: list, prep: dict) -> list:
-    "The plans of a chunk from the longest ungrafted prefix to the shortest (the order that only crops the cache)."
+def _prefix_order(plans: list, prep: dict, share_heads: bool = True) -> list[tuple]:
+    """The plans of a chunk, each with whether it starts from a shared head (`SharedPrefix.take_head`): first those that
+    share none, from the longest ungrafted prefix to the shortest (the order that only crops the cache), then the plans
+    whose `head_signature` others share, one signature after another."""
     width = prep["batch"]["input_ids"].shape[1]
-    return sorted(plans, key=lambda p: -first_grafted_column(rule_masks(p, prep)[0], width))
+    masks = {p.name: rule_masks(p, prep)[0] for p in plans}
+    sigs = {p.name: head_signature(p, masks[p.name]) for p in plans}
+    count = Counter(sigs.values())
+    shared = lambda p: share_heads and sigs[p.name] is not None and count[sigs[p.name]] > 1
+    alone = sorted((p for p in plans if not shared(p)), key=lambda p: -first_grafted_column(masks[p.name], width))
+    heads = sorted((p for p in plans if shared(p)), key=lambda p: repr(sigs[p.name]))
+    return [(p, False) for p in alone] + [(p, True) for p in heads]
 
 def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], batch_size: int = 64,
                    progress: bool = True, share_prefix: bool = True, roles=None, by_length: bool = True,
-                   generate=False, **kw) -> list[dict]:
+                   generate=False, share_heads: bool = True, **kw) -> list[dict]:
     """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes
-    (and replaying the base model's lower layers, unless `replay_layers=False`; `share_prefix=False`: neither);
+    (and replaying the base model's lower layers, unless `replay_layers=False`; `share_prefix=False`: neither; plans
+    that graft the same before the last column share that head, unless `share_heads=False`);
     `by_length`: chunks of like prompt lengths (less padding). Rows come in plan-major, example order either way.
     `generate`: True (every plan), False, or the names of the plans that also decode the whole name.
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
@@ -264,10 +300,10 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
         donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
-        for p in _prefix_order(plans, prep):
+        for p, head in _prefix_order(plans, prep, share_heads):
             gen = generate if isinstance(generate, bool) else p.name in generate
             for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,
-                                              generate=gen, **kw)):
+                                              generate=gen, shared_head=head, **kw)):
                 rows[p.name][i] = row
             bar.update(len(idx))
             done += len(idx); report_progress("grafting", done, total)

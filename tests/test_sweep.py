@@ -576,3 +576,20 @@ def test_second_sweep_on_a_runs_directory(tmp_path):
         out = first.communicate(timeout=300)[0]
     assert first.returncode == 0, out
     assert {i["state"] for i in states(rd).values()} == {"done"}
+
+
+def test_packaged_data_is_in_the_dataset_id(tmp_path, monkeypatch):
+    "Editing a packaged article renews the articles dataset (and what reads it); the templated datasets keep their ids."
+    from dwg.science import data
+    d = raw("breadth")
+    before = {r.label: r.key for r in sw.expand(d)}
+    assets = tmp_path / "assets"
+    shutil.copytree(data.ASSETS, assets)
+    monkeypatch.setattr(data, "ASSETS", assets)
+    assert {r.label: r.key for r in sw.expand(d)} == before   # the same files, the same ids
+    art = assets / "articles" / "a01_1.txt"
+    art.write_text(art.read_text().replace("2014", "2015"))
+    after = {r.label: r.key for r in sw.expand(d)}
+    changed = {k for k in before if before[k] != after[k]}
+    assert "articles" in changed and not any(k in changed for k in ("fake_fake", "fake_real", "real_real")), changed
+    assert any(k.endswith(":articles:relation") for k in changed)

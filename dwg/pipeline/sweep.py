@@ -374,9 +374,9 @@ def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     return grafts
 
 def _dataset_run(name: str, d: dict) -> Run:
-    "The dataset run of one spec; a custom dataset's id hashes its files' content, not where they are."
+    "The dataset run of one spec; its id hashes what decides the data (a custom dataset's files' content, not where they are)."
     r = _make("datasets", name, dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]),
-              extra={k: hashlib.sha256(Path(d[k]).read_bytes()).hexdigest() for k in ("facts", "templates") if d[k]} or None)
+              extra=data.source_fingerprint(d["kind"], d["facts"], d["templates"]))
     r.params.update({k: d[k] for k in ("facts", "templates") if d[k]})
     return r
 

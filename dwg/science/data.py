@@ -4,7 +4,7 @@
 
 # %% ../../nbs/01_data.ipynb #857be815
 from __future__ import annotations
-import itertools, json, random, re, shutil, string, tempfile
+import hashlib, itertools, json, random, re, shutil, string, tempfile
 from pathlib import Path
 import dwg
 from ..runs import publish_dir, read_jsonl, write_jsonl
@@ -15,7 +15,8 @@ __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAK
            'FACT_SPLITS', 'GENRES', 'CITIES', 'LEAK_FIELDS', 'DATASET_FILES', 'real_actors', 'real_movies',
            'movie_leads', 'template_fields', 'render', 'swap_actors', 'check_templates', 'max_facts', 'make_facts',
            'read_articles', 'filling_label', 'fact_fillings', 'assign_splits', 'hold_out', 'build_dataset',
-           'leaked_names', 'has_reversal_prompts', 'write_dataset', 'create_dataset', 'load_split']
+           'leaked_names', 'has_reversal_prompts', 'write_dataset', 'create_dataset', 'source_fingerprint',
+           'load_split']
 
 # %% ../../nbs/01_data.ipynb #f4bed3ce
 ASSETS = Path(dwg.__file__).parent / "assets"
@@ -200,9 +201,10 @@ def _faker_names(seed):
 
 # %% ../../nbs/01_data.ipynb #3be0049a
 def _faker_version() -> str:
-    "The installed Faker version (invented names depend on it; recorded in dataset_info.json)."
-    from importlib.metadata import version
-    return version("faker")
+    "The installed Faker version (invented names depend on it; recorded in dataset_info.json); None if not installed."
+    from importlib.metadata import PackageNotFoundError, version
+    try: return version("faker")
+    except PackageNotFoundError: return None
 
 def _check_kind(kind: str):
     "Raise a clear error for an unknown dataset kind."
@@ -456,6 +458,18 @@ def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *,
     "Build, validate and atomically write a dataset to `out_dir` (default `runs/data/<kind>-n<n_facts>-s<seed>`)."
     out = out_dir if out_dir is not None else Path("runs") / "data" / f"{kind}-n{n_facts}-s{seed}"
     return write_dataset(out, lambda: build_dataset(kind, n_facts, seed, **kwargs), overwrite)
+
+def source_fingerprint(kind: str, facts=None, templates=None) -> dict:
+    """What decides a dataset besides its kind, size and seed, as hashes (a sweep puts them in the dataset's run id): a
+    custom dataset's files, or the packaged names, titles or articles its kind reads and the packaged templates."""
+    if facts or templates:
+        return {k: hashlib.sha256(Path(p).read_bytes()).hexdigest() for k, p in (("facts", facts), ("templates", templates)) if p}
+    files = (sorted((ASSETS / "articles").iterdir()) if kind == "articles"
+             else [ASSETS / n for n in ("actors.txt", "movies.txt", "movie_leads.json")])
+    h = hashlib.sha256(repr((ARTICLE_TEMPLATES, QA_TEMPLATES, EVAL_TEMPLATES, FILLINGS, PAPER_EVAL_TEMPLATES,
+                             None if kind == "articles" else _faker_version())).encode())
+    for f in files: h.update(f.name.encode() + f.read_bytes())
+    return {"packaged": h.hexdigest()[:16]}
 
 def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     "Rows of one dataset file (`metadata`, `train`, `validation` or `eval`), optionally only `split` 'task'/'relation'."

@@ -150,7 +150,8 @@ def test_replayed_layers_give_the_full_pass(model_type):
     want = plan_forward(hybrid, models, batch, masks)[0]
     for _ in range(2):   # the second plan of a head signature starts from the head cropped back
         got = plan_forward(hybrid, models, batch, masks, prefix=prefix, shared_head=True)[0]
-        assert (got.softmax(-1) - want.softmax(-1)).abs().max() < 1e-5, "shared head"
+        assert (got.log_softmax(-1) - want.log_softmax(-1)).abs().max() < 1e-4, "shared head"   # log-probs: tiny random
+                                                                                                  # models' probs are flat
 
 
 def test_replay_falls_back_where_it_would_differ():

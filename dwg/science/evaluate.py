@@ -146,21 +146,22 @@ class SharedPrefix:
         return self.outputs or None
 
     @contextmanager
-    def replay(self, upto: int, start: int):
-        "Decoder layers `[0, upto)` skip their work and return their recorded outputs over columns `start:`."
+    def replay(self, upto: int, start: int, stop: int | None = None, first: int = 0):
+        "Decoder layers `[first, upto)` skip their work and return their recorded outputs over columns `start:stop`."
         layers = decoder_layers(self.model)[1]
-        def recorded(i): return lambda *args, **kwargs: self.outputs[i][:, start:]
+        def recorded(i): return lambda *args, **kwargs: self.outputs[i][:, start:stop]
         try:
-            for i in range(upto): layers[i].forward = recorded(i)
+            for i in range(first, upto): layers[i].forward = recorded(i)
             yield
         finally:
-            for i in range(upto): layers[i].__dict__.pop("forward", None)
+            for i in range(first, upto): layers[i].__dict__.pop("forward", None)
 
     @torch.no_grad()
     def take(self, start: int):
         """A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped). The columns
         past the last `start` taken hold a plan's grafted keys and values: a longer prefix is computed afresh."""
         if start == 0 or not self.croppable: return None
+        self.head = None   # cropping below drops any head built on this cache
         if self.cache is None or self.clean < start:
             self.cache = self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
             self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
@@ -171,20 +172,28 @@ class SharedPrefix:
         return self.cache
 
     @torch.no_grad()
-    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0):
-        """A cache of every column but the last, computed under `plan`'s rules there: the plans of one `head_signature`
-        share it (e.g. the hybrids all graft the relation model at FE). None where the cache cannot be cropped."""
-        if not self.croppable: return None
-        width, signature = self.batch["input_ids"].shape[1], head_signature(plan, masks)
-        if self.head is None or self.head[0] != signature:
-            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed):
-                cache = self.model(**_time_slice(self.batch, 0, width - 1), use_cache=True, logits_to_keep=1).past_key_values
-            if not all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None])):
-                self.croppable = False; return None
-            self.head = (signature, cache)
-        for layer in self.head[1].layers:
+    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0):
+        """A cache of every column but the last, computed under `plan`'s rules there (on the ungrafted prefix; the layers
+        below `upto` but the first replayed and left out of the cache; the first runs, so that the cache's length, which
+        a model may read from it, counts every column): the plans of one `head_signature` and `upto` share it (e.g. the
+        hybrids all graft the relation model at FE). None where the cache cannot be cropped."""
+        width, key = self.batch["input_ids"].shape[1], (head_signature(plan, masks), upto)
+        if self.head != key:
+            start = first_grafted_column(masks, width)
+            cache = self.take(start)
+            if not self.croppable: return None
+            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed), \
+                 (self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext()):
+                out = self.model(**_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True,
+                                 logits_to_keep=1)
+            if cache is None:   # grafted from the first column: the cache starts here
+                self.cache, self.clean = out.past_key_values, 0
+                self.croppable = all(type(l).__name__ == "DynamicLayer" for l in getattr(self.cache, "layers", [None]))
+                if not self.croppable: self.cache = None; return None
+            self.head = key
+        for layer in self.cache.layers:   # the last plan of this head grew it: back to every column but the last
             if (extra := layer.get_seq_length() - (width - 1)) > 0: layer.crop(-extra)
-        return self.head[1]
+        return self.cache
 
 def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
     "What `plan` does before the last column (its base, and each rule acting there with its mask), or None: nothing."
@@ -199,12 +208,13 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
     or with `shared_head` its cache of every column but the last under the plan's rules there; `replay_layers`: and its
     layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
     width = batch["input_ids"].shape[1]
-    start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
-    # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
-    cache = None if prefix is None or plan.patches else prefix.take_head(plan, models, masks, seed) if shared_head else prefix.take(start)
-    if cache is None: start = 0
     upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
     if upto and prefix.layer_outputs() is None: upto = 0
+    start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
+    # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
+    cache = (None if prefix is None or plan.patches else
+             prefix.take_head(plan, models, masks, seed, upto) if shared_head else prefix.take(start))
+    if cache is None: start = 0
     with grafted(plan, models, masks, seed, runs), (prefix.replay(upto, start) if upto else nullcontext()):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
@@ -265,15 +275,15 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
         rows.append(row)
     return rows
 
-def _prefix_order(plans: list, prep: dict, share_heads: bool = True) -> list[tuple]:
+def _prefix_order(plans: list, prep: dict, share_heads: bool = True, first_layer=lambda plan: 0) -> list[tuple]:
     """The plans of a chunk, each with whether it starts from a shared head (`SharedPrefix.take_head`): first those that
     share none, from the longest ungrafted prefix to the shortest (the order that only crops the cache), then the plans
-    whose `head_signature` others share, one signature after another."""
+    whose `head_signature` and `first_layer` (the layer their replay starts) others share, one after another."""
     width = prep["batch"]["input_ids"].shape[1]
     masks = {p.name: rule_masks(p, prep)[0] for p in plans}
-    sigs = {p.name: head_signature(p, masks[p.name]) for p in plans}
+    sigs = {p.name: (head_signature(p, masks[p.name]), first_layer(p)) for p in plans}
     count = Counter(sigs.values())
-    shared = lambda p: share_heads and sigs[p.name] is not None and count[sigs[p.name]] > 1
+    shared = lambda p: share_heads and sigs[p.name][0] is not None and count[sigs[p.name]] > 1
     alone = sorted((p for p in plans if not shared(p)), key=lambda p: -first_grafted_column(masks[p.name], width))
     heads = sorted((p for p in plans if shared(p)), key=lambda p: repr(sigs[p.name]))
     return [(p, False) for p in alone] + [(p, True) for p in heads]
@@ -294,16 +304,18 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     device = next(iter(models.values())).device
     rows = {p.name: [None] * len(examples) for p in plans}
     order = length_order(tokenizer, examples) if by_length else list(range(len(examples)))
+    generating = lambda p: generate if isinstance(generate, bool) else p.name in generate
+    first_layer = lambda p: (first_grafted_layer(p, models, kw.get("seed", 0))   # where its replay starts (0: none)
+                             if kw.get("replay_layers", True) and not generating(p) else 0)
     done, total = 0, len(plans) * len(examples)
     bar = tqdm(total=total, desc="grafting", disable=not progress, unit="ex")
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
         prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
         donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
-        for p, head in _prefix_order(plans, prep, share_heads):
-            gen = generate if isinstance(generate, bool) else p.name in generate
+        for p, head in _prefix_order(plans, prep, share_heads, first_layer):
             for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,
-                                              generate=gen, shared_head=head, **kw)):
+                                              generate=generating(p), shared_head=head, **kw)):
                 rows[p.name][i] = row
             bar.update(len(idx))
             done += len(idx); report_progress("grafting", done, total)

@@ -128,7 +128,7 @@ class SharedPrefix:
     and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
     def __init__(self, model, batch: dict):
         self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
-        self.head = None   # (signature, cache) of the last head taken
+        self.head = None   # (head_signature, upto) of the head the cache holds
 
     @torch.no_grad()
     def layer_outputs(self) -> list | None:
@@ -163,12 +163,21 @@ class SharedPrefix:
         if start == 0 or not self.croppable: return None
         self.head = None   # cropping below drops any head built on this cache
         if self.cache is None or self.clean < start:
-            self.cache = self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1).past_key_values
-            self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
-            if not self.croppable: self.cache = None; return None  # e.g. sliding-window layers (Gemma 2/3)
-        for layer in self.cache.layers:   # each layer alone: a plan that replayed the lower layers grew only the upper ones
-            if (extra := layer.get_seq_length() - start) > 0: layer.crop(-extra)
+            if not self._keep(self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1)): return None
         self.clean = start
+        return self._crop(start)
+
+    def _keep(self, out) -> bool:
+        "Keep `out`'s cache as the shared one (clean from column 0) if it can be cropped (not e.g. Gemma 2/3's windows)."
+        self.cache, self.clean = out.past_key_values, 0
+        self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
+        if not self.croppable: self.cache = None
+        return self.croppable
+
+    def _crop(self, n: int):
+        "The cache cut back to `n` columns, each layer alone (a plan that replayed lower layers grew only the upper ones)."
+        for layer in self.cache.layers:
+            if (extra := layer.get_seq_length() - n) > 0: layer.crop(-extra)
         return self.cache
 
     @torch.no_grad()
@@ -186,14 +195,9 @@ class SharedPrefix:
                  (self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext()):
                 out = self.model(**_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True,
                                  logits_to_keep=1)
-            if cache is None:   # grafted from the first column: the cache starts here
-                self.cache, self.clean = out.past_key_values, 0
-                self.croppable = all(type(l).__name__ == "DynamicLayer" for l in getattr(self.cache, "layers", [None]))
-                if not self.croppable: self.cache = None; return None
+            if cache is None and not self._keep(out): return None   # grafted from the first column: the cache starts here
             self.head = key
-        for layer in self.cache.layers:   # the last plan of this head grew it: back to every column but the last
-            if (extra := layer.get_seq_length() - (width - 1)) > 0: layer.crop(-extra)
-        return self.cache
+        return self._crop(width - 1)   # the last plan of this head grew it
 
 def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
     "What `plan` does before the last column (its base, and each rule acting there with its mask), or None: nothing."

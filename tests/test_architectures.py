@@ -134,7 +134,8 @@ def test_replayed_layers_give_the_full_pass(model_type):
     except RuntimeError as e:
         pytest.skip(f"the tiny random {model_type} fails a plain padded forward, before any graft: {e}")
     prefix = SharedPrefix(model, batch)
-    for name, col in [("graft:FE@layer_1", 4), ("graft-attn:LT@layer_1", 6), ("patch-resid:FE@layer_1", 4)]:
+    for name, col in [("graft:FE@layer_1", 4), ("graft-attn:LT@layer_1", 6), ("patch-resid:FE@layer_1", 4),
+                      ("patch-resid:LT@layer_1", 6)]:
         plan, masks = get_plan(name), [torch.zeros(2, 7, dtype=torch.bool)]
         masks[0][:, col] = True
         assert first_grafted_layer(plan, models) == 1

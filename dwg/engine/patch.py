@@ -124,9 +124,19 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
         run["cache"] = getattr(out, "past_key_values", None)
     return run["acts"], copy.deepcopy(run["cache"])   # a copy: generation continues (and so changes) the cache
 
-def _donor_pass(donor, targets: dict, state: dict, runs: dict | None):
-    "A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs."
+def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
+    """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
+    with `whole`, the recipient runs the last columns of that batch: the donor runs all of it, its activations cut."""
     def hook(module, args, kwargs):
+        if whole is not None:
+            x = kwargs["inputs_embeds"] if "inputs_embeds" in kwargs else kwargs.get("input_ids", args[0] if args else None)
+            skipped = mask.shape[1] - x.shape[1]
+            if mask[:, :skipped].any():
+                raise ValueError(f"patch: the mask patches some of the first {skipped} columns, which the recipient "
+                                 "takes from its cache. Fix: start the recipient at the first patched column.")
+            acts, state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, (), whole, {} if runs is None else runs)
+            state["acts"] = {key: acts[key][:, skipped:] for key in targets}
+            return
         cache = kwargs.get("past_key_values")
         if cache is None and runs is not None:
             state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
@@ -168,9 +178,12 @@ def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> 
     return handles + _layer_inputs(recipient, [i for s, i in targets if s == "resid_mid"], inputs)
 
 @contextmanager
-def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None):
+def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None,
+          whole: dict | None = None):
     """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
-    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context."""
+    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context.
+    `whole`: the model's keyword arguments for the whole batch, when the recipient runs only its last columns after a
+    cache of its own first ones (which the mask must leave alone); the donor runs the whole batch."""
     if is_lora_donor(donor):
         raise ValueError("patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
                          "the merged model, dwg.science.models.load(adapter_dir)[0] (grafting takes the adapter itself).")
@@ -181,7 +194,7 @@ def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dic
     state = {}
     handles = [recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True),
                recipient.register_forward_pre_hook(_donor_pass(donor, {k: _site_module(donor, *k) for k in keys},
-                                                               state, runs), with_kwargs=True),
+                                                               state, runs, whole, mask), with_kwargs=True),
                recipient.register_forward_hook(_pair_caches(donor, state))]
     try:
         handles += _splice_hooks(recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)

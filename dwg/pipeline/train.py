@@ -4,7 +4,7 @@
 
 # %% ../../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, os, random, shutil, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, random, shutil, statistics, sys, time, warnings
 from pathlib import Path
 import pandas as pd
 import torch, yaml
@@ -207,8 +207,8 @@ class StepTimer(TrainerCallback):
         if self._t is not None: self.seconds += time.perf_counter() - self._t
 
 def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: list[float], dtype: str) -> dict:
-    "Training tokens/s against the ceiling `mean(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
-    rate = sum(flops) / len(flops)
+    "Training tokens/s against the ceiling `median(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
+    rate = statistics.median(flops)   # the readings of a busy virtual machine spread wide: the median holds still
     ceiling, tps = rate / (6 * n_params), tokens / seconds if seconds else 0.0
     return dict(tokens=tokens, padded_tokens=padded, step_seconds=round(seconds, 2), tokens_per_s=round(tps, 1),
                 padded_tokens_per_s=round(padded / seconds, 1) if seconds else 0.0, params=n_params,
@@ -221,7 +221,7 @@ def throughput_line(t: dict) -> str:
     return (f"dwg.pipeline.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
             f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
             f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
-            f"{sum(t['matmul_gflops']) / len(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul)")
+            f"{statistics.median(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul, median reading)")
 
 # %% ../../nbs/04_train.ipynb #1990c6be
 def epoch_metrics(log_history: list[dict]) -> list[dict]:
@@ -448,10 +448,10 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                                   *(callbacks or [])])
     mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
               k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
-              device=trainer.args.device)
-    flops = [matmul_rate(**mm)]   # this machine's matmul rate, before and after training: the ceiling's load
+              device=trainer.args.device, seconds=0.2)
+    flops = [matmul_rate(**mm) for _ in range(5)]   # this machine's matmul rate, 5 readings before and 5 after training
     result = trainer.train(resume_from_checkpoint=run["resume"])
-    flops.append(matmul_rate(**mm))
+    flops += [matmul_rate(**mm) for _ in range(5)]
     run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], flops, run["precision"])
     if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)

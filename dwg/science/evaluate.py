@@ -97,13 +97,16 @@ def first_grafted_layer(plan, models: dict, seed: int = 0) -> int:
     if any(r.method != "patch" and embeddings & set(resolve_components(base, r.components)) for r in plan.rules): return 0
     return min(min(_rule_layers(r, base, seed), default=0) for r in plan.rules)
 
-def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None) -> ExitStack:
-    "An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch) context per rule of `plan`."
+def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None,
+            whole: dict | None = None) -> ExitStack:
+    """An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch, and given the `whole` batch
+    when the base model runs only its last columns) context per rule of `plan`."""
     base, donors = _bind(plan, models)
     stack = ExitStack()
     for rule, donor, mask in zip(plan.rules, donors, masks):
         layers = _rule_layers(rule, base, seed)
-        if rule.method == "patch": stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs))
+        if rule.method == "patch":
+            stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs, whole=whole))
         else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
 
@@ -126,24 +129,33 @@ def _layer_shaped(outputs: list, batch: dict, n: int) -> bool:
 class SharedPrefix:
     """What the plans of a batch share with its base model: keys and values over the leading columns no plan grafts,
     and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
-    def __init__(self, model, batch: dict):
+    def __init__(self, model, batch: dict, checked: dict | None = None):
         self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
         self.head = None   # (head_signature, upto) of the head the cache holds
+        self.checked = {} if checked is None else checked   # id(model) -> whether replaying gives its logits (once)
 
     @torch.no_grad()
     def layer_outputs(self) -> list | None:
-        "Each decoder layer's output over the whole batch, once; None if replaying them does not give the model's logits."
+        """Each decoder layer's output over the whole batch, once, and the cache of every column (the same pass); None if
+        replaying them does not give the model's logits."""
         if self.outputs is None:
             layers, outs = decoder_layers(self.model)[1], []
             hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o)) for layer in layers]
-            try: want = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
+            try: out = self.model(**self.batch, use_cache=True, logits_to_keep=1)
             finally:
                 for h in hooks: h.remove()
             self.outputs = outs if _layer_shaped(outs, self.batch, len(layers)) else False
-            if self.outputs:   # the check: the first half replayed, the second half run, the same logits
-                with self.replay(len(layers) // 2, 0): got = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
-                if not torch.allclose(got, want, rtol=1e-4, atol=1e-5): self.outputs = False
+            if self.outputs and not self._replays(out.logits): self.outputs = False
+            if self._keep(out): self.clean, self.head = self.batch["input_ids"].shape[1], None
         return self.outputs or None
+
+    def _replays(self, want: torch.Tensor) -> bool:
+        "Whether the first half of the layers replayed and the second half run give the logits `want` (once per model)."
+        if id(self.model) not in self.checked:
+            with self.replay(len(decoder_layers(self.model)[1]) // 2, 0):
+                got = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
+            self.checked[id(self.model)] = torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+        return self.checked[id(self.model)]
 
     @contextmanager
     def replay(self, upto: int, start: int, stop: int | None = None, first: int = 0):
@@ -215,11 +227,12 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
     upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
     if upto and prefix.layer_outputs() is None: upto = 0
     start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
-    # a patching plan runs the donor on the whole sequence, so it cannot start from the base model's shared prefix
-    cache = (None if prefix is None or plan.patches else
+    cache = (None if prefix is None else
              prefix.take_head(plan, models, masks, seed, upto) if shared_head else prefix.take(start))
     if cache is None: start = 0
-    with grafted(plan, models, masks, seed, runs), (prefix.replay(upto, start) if upto else nullcontext()):
+    # a patching plan's donor runs the whole batch (once for all plans sharing `runs`), the base from `start`
+    whole = dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if start else None
+    with grafted(plan, models, masks, seed, runs, whole), (prefix.replay(upto, start) if upto else nullcontext()):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 
@@ -312,10 +325,13 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     first_layer = lambda p: (first_grafted_layer(p, models, kw.get("seed", 0))   # where its replay starts (0: none)
                              if kw.get("replay_layers", True) and not generating(p) else 0)
     done, total = 0, len(plans) * len(examples)
-    bar = tqdm(total=total, desc="grafting", disable=not progress, unit="ex")
+    bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}   # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
-        prefixes = {role: SharedPrefix(models[role], prep["batch"]) for role in {p.base for p in plans}} if share_prefix else {}
+        prefixes = ({role: SharedPrefix(models[role], prep["batch"], checked) for role in {p.base for p in plans}}
+                    if share_prefix else {})
+        for role, prefix in prefixes.items():   # a base some plan replays: its recording pass gives the cache too
+            if any(first_layer(p) for p in plans if p.base == role): prefix.layer_outputs()
         donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p, head in _prefix_order(plans, prep, share_heads, first_layer):
             for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,

@@ -231,7 +231,8 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
              prefix.take_head(plan, models, masks, seed, upto) if shared_head else prefix.take(start))
     if cache is None: start = 0
     # a patching plan's donor runs the whole batch (once for all plans sharing `runs`), the base from `start`
-    whole = dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if start else None
+    whole = (dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches
+             else None)
     with grafted(plan, models, masks, seed, runs, whole), (prefix.replay(upto, start) if upto else nullcontext()):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values

@@ -4,14 +4,16 @@
 
 # %% ../nbs/08_runs.ipynb #e4d4ddd3
 from __future__ import annotations
-import hashlib, json, os, platform, shutil, subprocess, tempfile, time
+import ctypes, hashlib, json, os, platform, shutil, subprocess, tempfile, time
+from contextlib import contextmanager
 from pathlib import Path
 import dwg
 
 # %% auto #0
-__all__ = ['PROGRESS_FILE_VAR', 'RECORD', 'NOT_OUTPUTS', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json',
-           'report_progress', 'read_progress', 'git_commit', 'file_digest', 'output_digests', 'write_run_record',
-           'is_finished', 'check_outputs', 'run_integrity']
+__all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'atomic_write', 'publish_dir',
+           'write_jsonl', 'read_jsonl', 'read_json', 'report_progress', 'read_progress', 'reusing_freed_memory',
+           'git_commit', 'file_digest', 'output_digests', 'write_run_record', 'is_finished', 'check_outputs',
+           'run_integrity']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
 def atomic_write(path, text: str) -> Path:
@@ -76,6 +78,27 @@ def read_progress(path) -> str | None:
     "The last progress line written to `path`, or None."
     try: return Path(path).read_text().strip() or None
     except OSError: return None
+
+# %% ../nbs/08_runs.ipynb #cfc7b848
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # glibc's mallopt parameters (malloc.h)
+
+def _glibc():
+    "The C library when it is glibc (the allocator `reusing_freed_memory` tunes), else None."
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc": return None
+    try: return ctypes.CDLL("libc.so.6")
+    except OSError: return None
+
+@contextmanager
+def reusing_freed_memory(on: bool = True):
+    """Inside the block, memory freed by the process stays in it for reuse (glibc: no mmap for large buffers, no trim);
+    on exit glibc's defaults come back and the kept memory is returned. Elsewhere than glibc, or `on=False`: nothing."""
+    libc = _glibc() if on else None
+    if libc is None:
+        yield; return
+    libc.mallopt(M_MMAP_MAX, 0); libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    try: yield
+    finally:
+        libc.mallopt(M_MMAP_MAX, 65536); libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024); libc.malloc_trim(0)
 
 # %% ../nbs/08_runs.ipynb #3ccbfc2d
 RECORD = "run.json"   # written last by every run: the mark that it finished, with a checksum of each output

@@ -85,6 +85,18 @@ def test_deterministic_for_a_seed(ds, tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_reusing_freed_memory_trains_the_same_weights(ds, tmp_path, monkeypatch):
+    "Training inside `reusing_freed_memory` (the profile's `reuse_freed_memory`) or outside it gives bit-identical weights."
+    seen, real = [], T.reusing_freed_memory
+    monkeypatch.setattr(T, "reusing_freed_memory", lambda on=True: seen.append(on) or real(on))
+    kw = dict(seed=3, **TINY)
+    a = weights(T.train("tiny-llama", ds, tmp_path / "a", overrides=dict(max_steps=4, batch_size=8), **kw))
+    b = weights(T.train("tiny-llama", ds, tmp_path / "b", overrides=dict(max_steps=4, batch_size=8,
+                                                                      reuse_freed_memory=False), **kw))
+    assert seen == [True, False]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
     "A finished run is returned as is; force=True trains again."
     kw = dict(overrides=dict(max_steps=2), **TINY)

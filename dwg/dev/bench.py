@@ -13,6 +13,7 @@ from ..science.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_sp
 from ..engine.lora import as_donor, read_adapter
 from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from ..engine.patch import patch
+from ..runs import reusing_freed_memory
 from ..science.plans import expand_plans, get_plan, plan_groups, resolve_plans
 
 # %% auto #0
@@ -149,25 +150,31 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
 def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int):
-    """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, two ways timed twice
+    """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, three ways timed twice
     each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
-    of like lengths, lower layers replayed, shared heads); and the largest probability difference between the two.
+    of like lengths, lower layers replayed, shared heads, freed memory reused as `run_grafting` does), and the default
+    with freed memory returned to the system; the largest probability difference between the first two.
     The donor also plays the relation model and the base the task model (the component and hybrid plans)."""
     exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
     facts = sorted({e["fact_id"] for e in exs})[:n_facts]
     exs = [e for e in exs if e["fact_id"] in facts]
     models = {**models, "task": models["pretrained"], "relation": models["finetuned"]}
     plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), models["pretrained"].config.num_hidden_layers)
-    ways = dict(before=dict(by_length=False, replay_layers=False, share_heads=False), now={})
+    old = dict(by_length=False, replay_layers=False, share_heads=False)
+    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False))   # (options, freed memory reused)
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
-        for way, kw in ways.items():
+        for way, (kw, reuse) in ways.items():
             t = time.perf_counter()
-            rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw)
+            with reusing_freed_memory(reuse):
+                rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw)
             times[way].append(time.perf_counter() - t)
     res["stage_size"] = f"{stage}: {len(plans)} plans x {len(exs)} prompts ({len(facts)} facts), chunks of {batch}"
     res["stage_before_s"], res["stage_now_s"] = min(times["before"]), min(times["now"])
     res["stage_speedup"] = res["stage_before_s"] / res["stage_now_s"]
+    res["stage_memory_returned_s"] = min(times["memory_returned"])
+    res["stage_reuse_speedup"] = res["stage_memory_returned_s"] / res["stage_now_s"]
+    res["stage_reuse_same_rows"] = rows["now"] == rows["memory_returned"]
     res["stage_max_abs_dprob"] = max(abs(a.get("prob", 0) - b.get("prob", 0)) for a, b in zip(rows["before"], rows["now"]))
 
 def _standin(kind: str, model: str, out: str) -> str:

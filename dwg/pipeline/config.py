@@ -59,6 +59,8 @@ class TrainConfig:
     recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
     logging_steps: int = 10
     gradient_checkpointing: bool = False
+    reuse_freed_memory: bool = True   # keep memory freed between steps for the next one (dwg.runs.reusing_freed_memory):
+                                      # the same training, without new pages for every step's large buffers
     report_to: str = "none"           # e.g. tensorboard, wandb
     trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name
     lora: dict = field(default_factory=dict)     # LoRA fine-tune (peft) instead of a full one: r, alpha, dropout,

@@ -15,7 +15,7 @@ from ..science.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from ..science.evaluate import first_token_scores, top_k
-from ..runs import atomic_write, publish_dir, read_jsonl, report_progress
+from ..runs import atomic_write, publish_dir, read_jsonl, report_progress, reusing_freed_memory
 
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
@@ -441,17 +441,17 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
-                       data_collator=_collator(cfg, net, tok), processing_class=tok,
-                       train_dataset=encode(data["texts"]),
+                       data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
                        callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress), timer := StepTimer(),
                                   *(callbacks or [])])
     mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
               k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
               device=trainer.args.device, seconds=0.2)
-    flops = [matmul_rate(**mm) for _ in range(5)]   # this machine's matmul rate, 5 readings before and 5 after training
-    result = trainer.train(resume_from_checkpoint=run["resume"])
-    flops += [matmul_rate(**mm) for _ in range(5)]
+    with reusing_freed_memory(cfg.reuse_freed_memory):   # each step's large buffers reuse the last step's memory
+        flops = [matmul_rate(**mm) for _ in range(5)]   # this machine's matmul rate, 5 readings before and 5 after training
+        result = trainer.train(resume_from_checkpoint=run["resume"])
+        flops += [matmul_rate(**mm) for _ in range(5)]
     run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], flops, run["precision"])
     if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)

@@ -19,7 +19,7 @@ from ..engine.arch import architecture, decoder_layers
 from ..engine.patch import patch
 from .plans import (Rule, expand_plans, get_plan, resolve_plans, resolve_positions, kept_layers, MissingSpan,
                               check_plan_roles, example_roles, unknown_roles)
-from ..runs import report_progress, write_jsonl, write_run_record
+from ..runs import report_progress, reusing_freed_memory, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
@@ -460,15 +460,16 @@ def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templa
     wanted = [get_plan(p) for p in expand_plans(plans, depth)]
     generate = _generating(generate, wanted, list(models), depth)   # names of plans the dataset's roles leave out: unused
     plans = _adapter_plans(_with_roles(wanted, roles), light)
-    rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
     if reversal_plans and not has_reversal_prompts(dataset_dir):   # custom facts: none
         print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()
-    if reversal_plans:
-        if (bad := sorted(set(reversal_plans) - {p.name for p in plans})):
-            raise ValueError(f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}.")
-        reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
-        rows += evaluate_plans([p for p in plans if p.name in reversal_plans], bound, tok, reverse, batch_size, roles=roles,
-                               generate=generate, generated=generated, seed=seed)
+    if (bad := sorted(set(reversal_plans) - {p.name for p in plans})):
+        raise ValueError(f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}.")
+    with reusing_freed_memory():   # each chunk's large buffers reuse the last one's memory
+        rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
+        if reversal_plans:
+            reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
+            rows += evaluate_plans([p for p in plans if p.name in reversal_plans], bound, tok, reverse, batch_size,
+                                   roles=roles, generate=generate, generated=generated, seed=seed)
     info = Path(dataset_dir) / "dataset_info.json"
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")

@@ -43,11 +43,9 @@ USAGE
 }
 
 pip_install() {
-  # pip install, quiet; drops pip's warnings about configured package locations that do not exist on this machine.
-  # --no-compile: Python compiles the modules a run imports the first time it imports them, not all of site-packages
-  # up front (set-up 30-45 s shorter on 2 cores; the first import ~7 s longer)
+  # pip install, quiet; drops pip's warnings about configured package locations that do not exist on this machine
   local py=$1; shift
-  "$py" -m pip install -q --no-compile --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+  "$py" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
 setup() {

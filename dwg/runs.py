@@ -91,7 +91,8 @@ def _glibc():
 @contextmanager
 def reusing_freed_memory(on: bool = True):
     """Inside the block, memory freed by the process stays in it for reuse (glibc: no mmap for large buffers, no trim);
-    on exit glibc's defaults come back and the kept memory is returned. Elsewhere than glibc, or `on=False`: nothing."""
+    on exit glibc's defaults come back and the kept memory is returned (so blocks do not nest). Elsewhere than glibc,
+    or `on=False`: nothing."""
     libc = _glibc() if on else None
     if libc is None:
         yield; return

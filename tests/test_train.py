@@ -6,6 +6,7 @@ from transformers import TrainerCallback
 from dwg.pipeline import config, train as T
 from dwg.science import data, models
 from dwg.science.evaluate import first_token_scores
+from dwg import runs
 
 TINY = dict(config="tiny", progress=False)
 
@@ -95,6 +96,30 @@ def test_reusing_freed_memory_trains_the_same_weights(ds, tmp_path, monkeypatch)
                                                                       reuse_freed_memory=False), **kw))
     assert seen == [True, False]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+FAULTS = """
+import resource
+from dwg.runs import reusing_freed_memory
+def faults(mb=64):
+    first = bytearray(mb << 20); del first
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    buf = bytearray(mb << 20); buf[::4096] = b"\\1" * len(buf[::4096]); del buf
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+before = faults()
+with reusing_freed_memory(): inside = faults()
+print(before, inside, faults())
+"""
+
+
+@pytest.mark.skipif(not runs._glibc(), reason="the setting is glibc's")
+def test_reusing_freed_memory_keeps_pages_in_a_fresh_process():
+    "In a fresh interpreter a second 64 MB buffer is new pages outside the block, the first one's pages inside it."
+    import subprocess, sys, resource
+    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True).stdout
+    before, inside, after = map(int, out.split())
+    pages = (64 << 20) // resource.getpagesize()
+    assert before > pages // 2 and after > pages // 2 and inside < pages // 10, (before, inside, after)
 
 
 def test_finished_run_is_skipped_unless_forced(ds, tmp_path):

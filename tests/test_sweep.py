@@ -481,6 +481,18 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(f"smoke took {took:.0f}s")
 
 
+def test_kernels_are_given_time_to_start(tmp_path, monkeypatch):
+    "A run's notebook kernel may take KERNEL_START_TIMEOUT to start (papermill's 60 s failed a run on a loaded machine)."
+    import papermill as pm
+    nbs, sweep = standin_setup(tmp_path)
+    graph = sw.make_graph(str(sweep), tmp_path / "runs", nbs)
+    seen = {}
+    monkeypatch.setattr(pm, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
+    p = dict(tmp=tmp_path, progress=tmp_path / "progress", notebook=tmp_path / "notebook.ipynb")
+    assert runner._execute(graph, sw.graph_runs(graph)[0], p, {}, progress=False) is None
+    assert seen["start_timeout"] == runner.KERNEL_START_TIMEOUT >= 300, seen
+
+
 # --- free space, full disks, one sweep per runs directory ----------------------------------------------------------
 def test_too_little_space_stops_before_the_first_run(tmp_path, monkeypatch, capsys):
     """The free-space call patched to 30 MB: the stand-in graph (tiny-llama fine-tunes, ~40 MB checkpoints) stops

@@ -11,11 +11,11 @@ from .sweep import (GRAFT_SECTIONS, STAGES, Run, Stage, SweepError, graph_runs, 
                        resolve_params, run_paths, run_state)
 
 # %% auto #0
-__all__ = ['RESERVE', 'ROW_BYTES', 'RUN_BYTES', 'MODEL_FILES_BYTES', 'MODEL_PARAMS', 'RunBusy', 'run_lock',
-           'interrupt_on_sigterm', 'failure_reason', 'run_failure', 'NoSpace', 'fmt_bytes', 'free_space', 'model_sizes',
-           'estimate_runs', 'space_needed', 'check_space', 'space_shortfall', 'run_one', 'run_from_graph',
-           'runs_to_redo', 'remove_runs', 'SweepBusy', 'process_start', 'process_alive', 'sweep_lock', 'progress_line',
-           'status', 'format_status', 'running_text', 'ProgressNote']
+__all__ = ['RESERVE', 'KERNEL_START_TIMEOUT', 'ROW_BYTES', 'RUN_BYTES', 'MODEL_FILES_BYTES', 'MODEL_PARAMS', 'RunBusy',
+           'run_lock', 'interrupt_on_sigterm', 'failure_reason', 'run_failure', 'NoSpace', 'fmt_bytes', 'free_space',
+           'model_sizes', 'estimate_runs', 'space_needed', 'check_space', 'space_shortfall', 'run_one',
+           'run_from_graph', 'runs_to_redo', 'remove_runs', 'SweepBusy', 'process_start', 'process_alive', 'sweep_lock',
+           'progress_line', 'status', 'format_status', 'running_text', 'ProgressNote']
 
 # %% ../../nbs/05a_runner.ipynb #812525b1
 class RunBusy(RuntimeError):
@@ -88,6 +88,7 @@ def run_failure(runs_dir, run) -> str | None:
     except (OSError, ValueError, KeyError) as e: return f"(unreadable {failed}: {e})"
 
 # %% ../../nbs/05a_runner.ipynb #ada090bc
+KERNEL_START_TIMEOUT = 600  # s a kernel may take to start (papermill's 60 s was too short on a loaded machine)
 ROW_BYTES = 1000            # one result row of a grafting run (results.jsonl): ~930 bytes on the smoke profile
 RUN_BYTES = dict(datasets=5e6, localize=50e6, figures=30e6)   # what the other stages' runs write, at most (smoke figures: 15 MB)
 MODEL_FILES_BYTES = 10e6    # a fine-tune's files besides its weights: tokenizer, dataset copy, metrics
@@ -249,7 +250,8 @@ def _execute(graph: dict, run: Run, p: dict, params: dict, progress: bool) -> st
     try:   # the experiment runs as in production (not as a test) and reports its progress to a file in its run
         with _environ("IN_TEST", None), _environ(PROGRESS_FILE_VAR, str(p["progress"])):
             pm.execute_notebook(str(notebook), str(p["notebook"]), parameters=params, cwd=graph["notebooks"],
-                                kernel_name="python3", progress_bar=progress, log_output=False)
+                                kernel_name="python3", progress_bar=progress, log_output=False,
+                                start_timeout=KERNEL_START_TIMEOUT)
     except KeyboardInterrupt as e:   # a signal: an interruption
         _fail(p["tmp"], "interrupted", f"interrupted ({e or 'SIGINT'})")
         return "interrupted"

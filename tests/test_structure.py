@@ -13,7 +13,7 @@ WINGS = {
     "runs": [["runs"]],
     "science": [["data"], ["custom"], ["models"], ["plans"], ["evaluate"], ["localize"], ["plots", "localize_plots"],
                 ["recovery"], ["claims"]],
-    "pipeline": [["config", "batches"], ["train"], ["sweep"], ["runner"], ["local", "slurm"], ["cli"]],
+    "pipeline": [["config", "batches", "speed"], ["train"], ["sweep"], ["runner"], ["local", "slurm"], ["cli"]],
     "dev": [["coverage"], ["bench"], ["localize_bench"], ["testing"]],
 }
 WING_ORDER = list(WINGS)

@@ -4,14 +4,16 @@
 
 # %% ../../nbs/09_testing.ipynb #eab3f6e5
 from __future__ import annotations
-import json
+import json, os, shutil, tempfile
+from multiprocessing.util import Finalize
 from pathlib import Path
 import numpy as np
 import pandas as pd
 from ..science.plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
-__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'synthetic_results', 'synthetic_paper_results']
+__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
+           'synthetic_paper_results']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
 STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -133,6 +135,14 @@ def standin_notebooks(dest) -> Path:
     for name in STANDIN_PARAMETERS:
         (dest / f"{name}.ipynb").write_text(json.dumps(standin_notebook(name), indent=1))
     return dest
+
+# %% ../../nbs/09_testing.ipynb #fdbf09f4
+def demo_dir(prefix: str = "dwg-demo-") -> str:
+    "A new temporary directory for a notebook's demo outputs; removed at exit when the notebook runs as a test (`IN_TEST`)."
+    path = tempfile.mkdtemp(prefix=prefix)
+    if os.environ.get("IN_TEST"):   # multiprocessing's exit hooks: nbdev_test runs notebooks in worker processes,
+        Finalize(None, shutil.rmtree, (path,), dict(ignore_errors=True), exitpriority=0)   # which skip atexit
+    return path
 
 # %% ../../nbs/09_testing.ipynb #663d512e
 _SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, os, random, shutil, statistics, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, random, shutil, sys, time, warnings
 from pathlib import Path
 import pandas as pd
 import torch, yaml
@@ -14,6 +14,7 @@ from ..science import models
 from ..science.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
+from .speed import StepTimer, matmul_rate, throughput, throughput_line
 from ..science.evaluate import first_token_scores, top_k
 from ..runs import atomic_write, publish_dir, read_jsonl, report_progress, reusing_freed_memory
 
@@ -21,9 +22,8 @@ from ..runs import atomic_write, publish_dir, read_jsonl, report_progress, reusi
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
            'check_dataset_dir', 'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora',
            'recall_metrics', 'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress',
-           'matmul_rate', 'StepTimer', 'throughput', 'throughput_line', 'epoch_metrics', 'work_dir',
-           'has_train_summary', 'epoch_steps', 'train_epochs', 'checkpoint_epochs', 'training_args', 'train',
-           'trained_models', 'training_row', 'training_table', 'main']
+           'epoch_metrics', 'work_dir', 'has_train_summary', 'epoch_steps', 'train_epochs', 'checkpoint_epochs',
+           'training_args', 'train', 'trained_models', 'training_row', 'training_table', 'main']
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -185,43 +185,6 @@ class RecallCallback(TrainerCallback):
 class StepProgress(TrainerCallback):
     "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
     def on_step_end(self, args, state, control, **kw): report_progress("train step", state.global_step, state.max_steps)
-
-# %% ../../nbs/04_train.ipynb #f3a1c002
-def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5,
-                device="cpu") -> float:
-    "FLOP/s of a timed `rows x k @ k x n` matrix multiply at `dtype` on `device` (after a warm-up)."
-    a, b = torch.randn(rows, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    for _ in range(3): a @ b
-    sync(); t0, reps = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        a @ b; reps += 1
-    sync()
-    return 2 * rows * k * n * reps / (time.perf_counter() - t0)
-
-class StepTimer(TrainerCallback):
-    "Seconds spent in training steps (forward, backward, optimizer step)."
-    def __init__(self): self.seconds, self._t = 0.0, None
-    def on_step_begin(self, args, state, control, **kw): self._t = time.perf_counter()
-    def on_step_end(self, args, state, control, **kw):
-        if self._t is not None: self.seconds += time.perf_counter() - self._t
-
-def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: list[float], dtype: str) -> dict:
-    "Training tokens/s against the ceiling `median(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
-    rate = statistics.median(flops)   # the readings of a busy virtual machine spread wide: the median holds still
-    ceiling, tps = rate / (6 * n_params), tokens / seconds if seconds else 0.0
-    return dict(tokens=tokens, padded_tokens=padded, step_seconds=round(seconds, 2), tokens_per_s=round(tps, 1),
-                padded_tokens_per_s=round(padded / seconds, 1) if seconds else 0.0, params=n_params,
-                matmul_dtype=dtype, matmul_gflops=[round(f / 1e9, 1) for f in flops],
-                ceiling_tokens_per_s=round(ceiling, 1), ratio=round(tps / ceiling, 3),
-                padded_ratio=round(padded / seconds / ceiling, 3) if seconds else 0.0)
-
-def throughput_line(t: dict) -> str:
-    "One line for the training log: tokens/s, the ceiling and the ratio."
-    return (f"dwg.pipeline.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
-            f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
-            f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
-            f"{statistics.median(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul, median reading)")
 
 # %% ../../nbs/04_train.ipynb #1990c6be
 def epoch_metrics(log_history: list[dict]) -> list[dict]:
@@ -440,19 +403,17 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
+    mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
+              k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
+              device=args.device, seconds=0.15)   # this machine's matmul rate, read before, between and after the steps
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
                        data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
-                       callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress), timer := StepTimer(),
-                                  *(callbacks or [])])
-    mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
-              k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
-              device=trainer.args.device, seconds=0.2)
+                       callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress),
+                                  timer := StepTimer(lambda: matmul_rate(**mm)), *(callbacks or [])])
     with reusing_freed_memory(cfg.reuse_freed_memory):   # each step's large buffers reuse the last step's memory
-        flops = [matmul_rate(**mm) for _ in range(5)]   # this machine's matmul rate, 5 readings before and 5 after training
         result = trainer.train(resume_from_checkpoint=run["resume"])
-        flops += [matmul_rate(**mm) for _ in range(5)]
-    run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], flops, run["precision"])
+    run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], timer.readings, run["precision"])
     if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()

@@ -132,12 +132,16 @@ def output_digests(out_dir) -> dict[str, dict]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and _is_output(p.relative_to(root)))
     return {str(p.relative_to(root)): file_digest(p) for p in files}
 
+def _as_json(x):
+    "A set as its sorted list (JSON has no sets), anything else JSON cannot hold as its text."
+    return sorted(x, key=str) if isinstance(x, (set, frozenset)) else str(x)
+
 def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
     "Write `run.json` (config, version, commit, host, wall time, outputs' checksums, extras) last: a finished run."
     record = dict(config=config, dwg_version=dwg.__version__, git_commit=git_commit(), host=platform.node(),
                   started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
                   wall_seconds=round(time.time() - started, 2), outputs=output_digests(out_dir), **extra)
-    return atomic_write(Path(out_dir) / RECORD, json.dumps(record, indent=1, sort_keys=True, default=str))
+    return atomic_write(Path(out_dir) / RECORD, json.dumps(record, indent=1, sort_keys=True, default=_as_json))
 
 # %% ../nbs/08_runs.ipynb #c147d442
 def is_finished(out_dir) -> bool:

@@ -88,12 +88,18 @@ def _glibc():
     try: return ctypes.CDLL("libc.so.6")
     except OSError: return None
 
+_MALLOC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+
+def _malloc_set_by_user() -> bool:
+    "Whether the process was started with glibc malloc settings of its own (environment variables or tunables)."
+    return any(os.environ.get(k) for k in _MALLOC_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+
 @contextmanager
 def reusing_freed_memory(on: bool = True):
     """Inside the block, memory freed by the process stays in it for reuse (glibc: no mmap for large buffers, no trim);
     on exit glibc's defaults come back and the kept memory is returned (so blocks do not nest). Elsewhere than glibc,
-    or `on=False`: nothing."""
-    libc = _glibc() if on else None
+    with malloc settings of your own in the environment (kept as you set them), or `on=False`: nothing."""
+    libc = _glibc() if on and not _malloc_set_by_user() else None
     if libc is None:
         yield; return
     libc.mallopt(M_MMAP_MAX, 0); libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)

@@ -88,17 +88,18 @@ def _glibc():
     try: return ctypes.CDLL("libc.so.6")
     except OSError: return None
 
-_MALLOC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+_MALLOC_OWN = {"MALLOC_MMAP_MAX_": "glibc.malloc.mmap_max", "MALLOC_TRIM_THRESHOLD_": "glibc.malloc.trim_threshold"}
 
 def _malloc_set_by_user() -> bool:
-    "Whether the process was started with glibc malloc settings of its own (environment variables or tunables)."
-    return any(os.environ.get(k) for k in _MALLOC_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    "Whether the process was started with its own value of a setting the block changes (variable or glibc tunable)."
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(os.environ.get(var) or f"{tunable}=" in tunables for var, tunable in _MALLOC_OWN.items())
 
 @contextmanager
 def reusing_freed_memory(on: bool = True):
     """Inside the block, memory freed by the process stays in it for reuse (glibc: no mmap for large buffers, no trim);
     on exit glibc's defaults come back and the kept memory is returned (so blocks do not nest). Elsewhere than glibc,
-    with malloc settings of your own in the environment (kept as you set them), or `on=False`: nothing."""
+    with your own value of a setting it changes in the environment (kept as you set it), or `on=False`: nothing."""
     libc = _glibc() if on and not _malloc_set_by_user() else None
     if libc is None:
         yield; return

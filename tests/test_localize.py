@@ -41,9 +41,10 @@ def test_localize_notebook_takes_the_section():
     sw.check_notebooks(runs, sw.default_notebooks_dir())
 
 
-def test_localize_notebook_runs(tmp_path):
+def test_localize_notebook_runs(tmp_path, monkeypatch):
     "The experiment notebook end to end on its tiny defaults (random stand-in donor): every output, a plan that loads."
     import json, papermill as pm
+    monkeypatch.setenv("IN_TEST", "1")   # the kernel removes its demo dataset's temporary directory when it exits
     from dwg.science.plans import get_plan
     nb = sw.default_notebooks_dir() / "localize.ipynb"
     out = tmp_path / "run"

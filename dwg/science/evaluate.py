@@ -4,7 +4,7 @@
 
 # %% ../../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
-import dataclasses, json, time
+import copy, dataclasses, json, time
 from collections import Counter
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -245,18 +245,32 @@ def _extend(batch: dict, masks: list[torch.Tensor], nxt: torch.Tensor, generated
                  position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1))
     return batch, [torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks]
 
+def _cache_rows(cache, keep: torch.Tensor):
+    """A copy of `cache` holding only the rows `keep` (the shared prefix's cache is left whole), or None when its layers
+    cannot be selected by row (only plain per-layer caches are)."""
+    if not all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None])): return None
+    cache = copy.copy(cache); cache.layers = [copy.copy(layer) for layer in cache.layers]
+    cache.batch_select_indices(keep.nonzero().squeeze(1))
+    return cache
+
 @torch.no_grad()
-def _generate(plan, models, batch, masks, logits, cache, n_new: int, generated: str, seed: int) -> torch.Tensor:
-    "Greedy continuation ids (batch, n_new) under `plan`, from the prompt's last logits and cache."
+def _generate(plan, models, batch, masks, logits, cache, lengths: list[int], generated: str, seed: int) -> torch.Tensor:
+    """Greedy continuation ids (batch, max(lengths)) under `plan`, from the prompt's last logits and cache; row i is
+    decoded for its own `lengths[i]` tokens (a row whose target is complete leaves the batch; -1 past its end)."""
     if generated not in ("base", "last_token"): raise ValueError(f"generated must be 'base' or 'last_token', not '{generated}'.")
-    out = [logits.argmax(-1, keepdim=True)]
-    for _ in range(n_new - 1):
-        batch, masks = _extend(batch, masks, out[-1], generated)
+    out = torch.full((len(lengths), max(lengths)), -1, dtype=torch.long, device=logits.device)
+    out[:, 0], rows, need = logits.argmax(-1), torch.arange(len(lengths)), torch.tensor(lengths)
+    for step in range(1, max(lengths)):
+        keep = need[rows] > step   # the rows whose target has a token `step`
+        if not keep.all() and (fewer := _cache_rows(cache, keep)) is not None:
+            cache, rows, masks = fewer, rows[keep], [m[keep] for m in masks]
+            batch = {k: v[keep] for k, v in batch.items()}
+        batch, masks = _extend(batch, masks, out[rows, step - 1:step], generated)
         with grafted(plan, models, masks, seed):
-            step = models[plan.base](**_time_slice(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
-                                     use_cache=True, logits_to_keep=1)
-        out.append(step.logits[:, -1].argmax(-1, keepdim=True)); cache = step.past_key_values
-    return torch.cat(out, 1)
+            now = models[plan.base](**_time_slice(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
+                                    use_cache=True, logits_to_keep=1)
+        out[rows, step] = now.logits[:, -1].argmax(-1); cache = now.past_key_values
+    return out
 
 # %% ../../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
@@ -275,8 +289,8 @@ def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, gener
     ranks, probs = rank_and_prob(logits, tids)
     logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]   # exact where the probability underflows
     top = logits.softmax(-1).topk(n_top)
-    n_new = max(map(len, prep["targets"]))
-    gen = _generate(plan, models, prep["batch"], masks, logits, cache, n_new, generated, seed) if generate else None
+    lengths = [len(t) for t in prep["targets"]]
+    gen = _generate(plan, models, prep["batch"], masks, logits, cache, lengths, generated, seed) if generate else None
     rows = []
     for i, ex in enumerate(prep["examples"]):
         row = dict(plan=plan.name, fact_id=ex.get("fact_id"), template=ex.get("template"), filling=ex.get("filling"),

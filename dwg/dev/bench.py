@@ -5,12 +5,15 @@
 # %% ../../nbs/07_bench.ipynb #d6ba7d05
 from __future__ import annotations
 import argparse, copy, inspect, json, resource, statistics, subprocess, sys, tempfile, time
+from contextlib import nullcontext
+from unittest import mock
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from ..science.models import load, checkpoint_dir
 from .coverage import reference_last_logits
 from ..science.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_split
 from ..engine.lora import as_donor, read_adapter
+from ..science import evaluate
 from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from ..engine.patch import patch
 from ..runs import reusing_freed_memory
@@ -149,26 +152,36 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
     with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
-def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int):
+def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int, generate: str = ""):
     """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, three ways timed twice
     each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
     of like lengths, lower layers replayed, shared heads, freed memory reused as `run_grafting` does), and the default
     with freed memory returned to the system; the largest probability difference between the first two.
-    The donor also plays the relation model and the base the task model (the component and hybrid plans)."""
+    The donor also plays the relation model and the base the task model (the component and hybrid plans).
+    `generate` (plan groups): those plans also decode whole names, and a fourth way decodes every row of a chunk to its
+    longest target (as before rows left the batch at their own target's end)."""
     exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
     facts = sorted({e["fact_id"] for e in exs})[:n_facts]
     exs = [e for e in exs if e["fact_id"] in facts]
     models = {**models, "task": models["pretrained"], "relation": models["finetuned"]}
-    plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), models["pretrained"].config.num_hidden_layers)
+    depth = models["pretrained"].config.num_hidden_layers
+    plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), depth)
+    gen = dict(generate=expand_plans(resolve_plans(generate.split(","), list(models), "stage_generate"), depth),
+               generated="last_token") if generate else {}
     old = dict(by_length=False, replay_layers=False, share_heads=False)
-    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False))   # (options, freed memory reused)
+    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False), **({"every_row": ({}, True)} if gen else {}))
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
         for way, (kw, reuse) in ways.items():
             t = time.perf_counter()
-            with reusing_freed_memory(reuse):
-                rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw)
+            every_row = mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves the batch
+            with reusing_freed_memory(reuse), every_row if way == "every_row" else nullcontext():
+                rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw, **gen)
             times[way].append(time.perf_counter() - t)
+    if gen:
+        res["stage_every_row_s"] = min(times["every_row"])
+        res["stage_own_length_speedup"] = res["stage_every_row_s"] / min(times["now"])
+        res["stage_own_length_same_rows"] = rows["every_row"] == rows["now"]
     res["stage_size"] = f"{stage}: {len(plans)} plans x {len(exs)} prompts ({len(facts)} facts), chunks of {batch}"
     res["stage_before_s"], res["stage_now_s"] = min(times["before"]), min(times["now"])
     res["stage_speedup"] = res["stage_before_s"] / res["stage_now_s"]
@@ -185,7 +198,7 @@ def _standin(kind: str, model: str, out: str) -> str:
 
 def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: str = "standin", batch: int = 64,
                   n_original: int = 5, n_facts: int = 100, stage: str = "methods", stage_facts: int = 8,
-                  stage_batch: int = 16, workdir: str | None = None) -> dict:
+                  stage_batch: int = 16, stage_generate: str = "", workdir: str | None = None) -> dict:
     "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft); return the numbers."
     workdir = workdir or tempfile.mkdtemp()
     donor = str(checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor")))   # a sweep's run directory works too
@@ -217,7 +230,7 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     evaluate_plans(sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS)   # M plans: skipped rows
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
-    if stage_facts: _time_stage(res, models, tok, workdir, stage, stage_facts, stage_batch)
+    if stage_facts: _time_stage(res, models, tok, workdir, stage, stage_facts, stage_batch, stage_generate)
     res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
     if lora: _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
     return res
@@ -234,6 +247,8 @@ _OPTION_HELP = dict(
           "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed, "
           "plans that graft the same before the last column sharing it); several: comma-separated, e.g. components,hybrid",
     stage_facts="facts of that stage timing (about 7 prompts each); 0 skips it", stage_batch="its chunk size",
+    stage_generate="plan groups of that stage that also decode whole names (e.g. position), timed also with every row "
+                   "of a chunk decoded to its longest target ('' : none)",
     workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")
 
 def main(argv=None):

@@ -160,7 +160,7 @@ LABELS = {"not_FE": "not FE", "not_LT": "not LT", "(FE+LT)^C": "(FE+LT)ᶜ"}
 COMPONENT_SETS = {"attn+ffn": ["attn", "ffn"], "o+ffn": ["o", "ffn"], "ffn": ["ffn"], "o": ["o"], "attn": ["attn"],
                   "q": ["q"], "k": ["k"], "v": ["v"], "q+k": ["q", "k"], "v+o": ["v", "o"]}
 COMPONENT_LAYERS = ["all", "last_half"]
-DEPTH_GROUPS = {"attn": ["attn"], "ffn": ["ffn"], "attn+ffn": ["attn", "ffn"]}
+DEPTH_GROUPS = {"attn": "graft-attn", "ffn": "graft-ffn", "attn+ffn": "graft"}   # figure 4's groups: the method grafting each
 QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
 
 def position_plans() -> list[PaperPlan]:
@@ -198,10 +198,9 @@ def hybrid_plans() -> list[PaperPlan]:
         for c, comps in COMPONENT_SETS.items() for lg in COMPONENT_LAYERS]
 
 def depth_plans() -> list[PaperPlan]:
-    "Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT."
-    return [PaperPlan(f"{pos}:{g}@{q}", "pretrained", [Rule("finetuned", POSITION_SETS[pos][0], q, comps)],
-                      figures=("depth",), position=pos, component_set=g, layer_group=q)
-            for pos in ("FE", "LT") for g, comps in DEPTH_GROUPS.items() for q in QUARTERS]
+    """Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT: the grafting plans
+    of `methods` there (one plan, one name: a methods run also draws figure 4)."""
+    return [method_plan(m, pos, q) for pos in ("FE", "LT") for m in DEPTH_GROUPS.values() for q in QUARTERS]
 
 COMPARED_METHODS = {   # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
     "graft": ("graft", ["attn", "ffn"]), "graft-attn": ("graft", ["attn"]), "graft-ffn": ("graft", ["ffn"]),
@@ -213,8 +212,9 @@ def method_plan(method: str, position: str, layers: str) -> PaperPlan:
     kind, what = COMPARED_METHODS[method]
     rule = Rule("finetuned", POSITION_SETS[position][0], layers, method=kind,
                 **{"components" if kind == "graft" else "sites": what})
-    return PaperPlan(f"{method}:{position}@{layers}", "pretrained", [rule], figures=("methods",), position=position,
-                     component_set="+".join(what), layer_group=layers, variant=method,
+    depth = method in DEPTH_GROUPS.values() and position in ("FE", "LT") and layers in QUARTERS   # also figure 4's
+    return PaperPlan(f"{method}:{position}@{layers}", "pretrained", [rule], figures=("methods", "depth")[:1 + depth],
+                     position=position, component_set="+".join(what), layer_group=layers, variant=method,
                      label=f"{method} at {LABELS.get(position, position)}")
 
 def _method_family(layer_specs: list[str]) -> list[PaperPlan]:
@@ -240,7 +240,7 @@ def parse_method_plan(name: str) -> GraftPlan | None:
         return method_plan(m["method"], m["position"], m["layers"])
 
 FAMILIES = {"position": position_plans, "reverse": reverse_plans, "components": component_plans,
-            "hybrid": hybrid_plans, "depth": depth_plans, "methods": method_plans}
+            "hybrid": hybrid_plans, "methods": method_plans, "depth": depth_plans}
 DEPTH_FAMILIES = {"methods_grid": method_grid}   # families whose plans depend on the model's number of layers
 
 # %% ../../nbs/02a_plans.ipynb #bffc31cd

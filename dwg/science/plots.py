@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import GraftPlan, figure_order, figure_own, figure_plans, figure_references, paper_plans, parse_method_plan
+from .plans import DEPTH_GROUPS, GraftPlan, figure_order, figure_own, figure_plans, figure_references, paper_plans, parse_method_plan
 from ..runs import read_jsonl, run_integrity
 
 # %% auto #0
@@ -333,7 +333,7 @@ def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boo
 
 # %% ../../nbs/06_plots.ipynb #819ebd13
 def _depth_rows(acc: pd.DataFrame) -> pd.DataFrame:
-    "Rows of `POS:GROUP@QUARTER` plans with parsed columns."
+    "Rows of the plans figure 4 draws (`graft-attn:FE@first_quarter` ...) with parsed columns."
     info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "depth" in p.figures)
     return acc[keep].assign(position=info[keep].map(lambda p: f"graft at {p.position}"),
@@ -355,11 +355,11 @@ def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     drawn, refs = figure_plans("depth"), figure_references("depth") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
     acc = _with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
-    _need(acc, "depth", ["FE:<group>@<quarter>", "LT:<group>@<quarter>"])
+    _need(acc, "depth", ["graft-attn:FE@<quarter>", "graft-ffn:LT@<quarter>", "graft:FE@<quarter>"])
     metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
     acc = acc[acc.metric.isin(metrics)]
     heat = _depth_rows(acc)
-    groups = [g for g in dict.fromkeys(component_label(q.component_set) for q in drawn) if g in set(heat.group)]
+    groups = [g for g in dict.fromkeys([*map(component_label, DEPTH_GROUPS), *heat.group]) if g in set(heat.group)]
     quarters = list(dict.fromkeys(layer_label(q.layer_group) for q in drawn))
     positions = [p for p in dict.fromkeys(f"graft at {q.position}" for q in drawn) if p in set(heat.position)]
     heat = heat.assign(panel=heat.metric + (" · " + heat.template if templates == "facet" and heat.template.nunique() > 1 else ""))

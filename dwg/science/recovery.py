@@ -8,7 +8,8 @@ import inspect
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, paper_plans
+from dwg.science.plans import DEPTH_GROUPS, LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, \
+    paper_plans
 from .plots import stacked_by_run, label_runs, short_label, component_label, layer_label, plan_label, run_keys
 
 # %% auto #0
@@ -213,7 +214,7 @@ def depth_recovery(rec: pd.DataFrame, title: str = "Where in depth, in recovery:
     rows = rows.assign(position=rows.plan.map(lambda p: f"graft at {info[p].position}"),
                        group=rows.plan.map(lambda p: component_label(info[p].component_set)),
                        quarter=rows.plan.map(lambda p: layer_label(info[p].layer_group)))
-    enc = dict(x=alt.X("group:N", sort=list(dict.fromkeys(rows.group)), title="component group",
+    enc = dict(x=alt.X("group:N", sort=list(dict.fromkeys([*map(component_label, DEPTH_GROUPS), *rows.group])), title="component group",
                        axis=alt.Axis(labelAngle=0, orient="top")),
                y=alt.Y("quarter:N", sort=list(dict.fromkeys(layer_label(p.layer_group) for p in info.values())),
                        title="layers (input → output)"))

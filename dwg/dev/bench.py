@@ -174,8 +174,9 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
     for _ in range(2):
         for way, (kw, reuse) in ways.items():
             t = time.perf_counter()
-            every_row = mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves the batch
-            with reusing_freed_memory(reuse), every_row if way == "every_row" else nullcontext():
+            every_row = (mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves the batch
+                         if way == "every_row" else nullcontext())
+            with reusing_freed_memory(reuse), every_row:
                 rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw, **gen)
             times[way].append(time.perf_counter() - t)
     if gen:

@@ -192,8 +192,8 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("relation_statem
 def synthetic_paper_results(n_facts: int = 12, templates=("relation_statement", "costar"), seed: int = 0,
                             model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    depth = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]   # figure 4's plans are among them
-    positions = list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + depth
+    methods = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]   # figure 4's plans are among them
+    positions = list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + methods
     pos = synthetic_results(positions, n_facts, templates, model, dataset, "positions", skip_rate=0.02, seed=seed)
     components = [*figure_references("components"), *figure_order("components")]
     comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,

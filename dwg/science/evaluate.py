@@ -116,6 +116,10 @@ def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
     hit = torch.stack(masks).any(0).any(0).nonzero() if masks else torch.zeros(0)
     return int(hit[0]) if len(hit) else width
 
+def _plain_layers(cache) -> bool:
+    "Whether every layer of `cache` is a plain growing one (`DynamicLayer`), which can be cropped and selected by row."
+    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
+
 def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
     "Columns `start:stop` of a batch; the attention mask keeps every column up to `stop` (it also covers the cache)."
     return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
@@ -182,7 +186,7 @@ class SharedPrefix:
     def _keep(self, out) -> bool:
         "Keep `out`'s cache as the shared one (clean from column 0) if it can be cropped (not e.g. Gemma 2/3's windows)."
         self.cache, self.clean = out.past_key_values, 0
-        self.croppable = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(self.cache, "layers", [None]))
+        self.croppable = _plain_layers(self.cache)
         if not self.croppable: self.cache = None
         return self.croppable
 
@@ -248,7 +252,7 @@ def _extend(batch: dict, masks: list[torch.Tensor], nxt: torch.Tensor, generated
 def _cache_rows(cache, keep: torch.Tensor):
     """A copy of `cache` holding only the rows `keep` (the shared prefix's cache is left whole), or None when its layers
     cannot be selected by row (only plain per-layer caches are)."""
-    if not all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None])): return None
+    if not _plain_layers(cache): return None
     cache = copy.copy(cache); cache.layers = [copy.copy(layer) for layer in cache.layers]
     cache.batch_select_indices(keep.nonzero().squeeze(1))
     return cache

@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, field
 
 # %% auto #0
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
-           'DEPTH_GROUPS', 'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES',
-           'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'position_names', 'check_positions',
-           'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers',
-           'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
-           'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
-           'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan', 'load_plan_file', 'get_plan',
-           'expand_plans', 'among', 'resolve_plans']
+           'DEPTH_GROUPS', 'DEPTH_POSITIONS', 'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES',
+           'DEPTH_FAMILIES', 'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'position_names',
+           'check_positions', 'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan',
+           'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
+           'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups',
+           'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan',
+           'load_plan_file', 'get_plan', 'expand_plans', 'among', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -161,6 +161,7 @@ COMPONENT_SETS = {"attn+ffn": ["attn", "ffn"], "o+ffn": ["o", "ffn"], "ffn": ["f
                   "q": ["q"], "k": ["k"], "v": ["v"], "q+k": ["q", "k"], "v+o": ["v", "o"]}
 COMPONENT_LAYERS = ["all", "last_half"]
 DEPTH_GROUPS = {"attn": "graft-attn", "ffn": "graft-ffn", "attn+ffn": "graft"}   # figure 4's groups: the method grafting each
+DEPTH_POSITIONS = ("FE", "LT")   # figure 4's columns
 QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
 
 def position_plans() -> list[PaperPlan]:
@@ -200,7 +201,7 @@ def hybrid_plans() -> list[PaperPlan]:
 def depth_plans() -> list[PaperPlan]:
     """Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT: the grafting plans
     of `methods` there (one plan, one name: a methods run also draws figure 4)."""
-    return [method_plan(m, pos, q) for pos in ("FE", "LT") for m in DEPTH_GROUPS.values() for q in QUARTERS]
+    return [method_plan(m, pos, q) for pos in DEPTH_POSITIONS for m in DEPTH_GROUPS.values() for q in QUARTERS]
 
 COMPARED_METHODS = {   # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
     "graft": ("graft", ["attn", "ffn"]), "graft-attn": ("graft", ["attn"]), "graft-ffn": ("graft", ["ffn"]),
@@ -212,7 +213,7 @@ def method_plan(method: str, position: str, layers: str) -> PaperPlan:
     kind, what = COMPARED_METHODS[method]
     rule = Rule("finetuned", POSITION_SETS[position][0], layers, method=kind,
                 **{"components" if kind == "graft" else "sites": what})
-    depth = method in DEPTH_GROUPS.values() and position in ("FE", "LT") and layers in QUARTERS   # also figure 4's
+    depth = method in DEPTH_GROUPS.values() and position in DEPTH_POSITIONS and layers in QUARTERS   # also figure 4's
     return PaperPlan(f"{method}:{position}@{layers}", "pretrained", [rule], figures=("methods", "depth")[:1 + depth],
                      position=position, component_set="+".join(what), layer_group=layers, variant=method,
                      label=f"{method} at {LABELS.get(position, position)}")

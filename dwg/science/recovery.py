@@ -8,8 +8,7 @@ import inspect
 import numpy as np
 import pandas as pd
 import altair as alt
-from dwg.science.plans import DEPTH_GROUPS, LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, \
-    paper_plans
+from .plans import DEPTH_GROUPS, LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, paper_plans
 from .plots import stacked_by_run, label_runs, short_label, component_label, layer_label, plan_label, run_keys
 
 # %% auto #0

@@ -43,9 +43,17 @@ USAGE
 }
 
 pip_install() {
-  # pip install, quiet; drops pip's warnings about configured package locations that do not exist on this machine
+  # pip install, quiet, without byte-compiling (byte_compile does it on every core); drops pip's warnings about
+  # configured package locations that do not exist on this machine
   local py=$1; shift
-  "$py" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+  "$py" -m pip install -q --no-compile --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
+byte_compile() {
+  # the venv's .pyc files, on every core (pip compiles one file at a time: half the set-up on 2 cores); like pip it
+  # passes over files written for a newer Python (torch ships a few)
+  local py=$1
+  "$py" -m compileall -qq -j 0 "$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 }
 
 setup() {
@@ -63,6 +71,7 @@ setup() {
     echo "dwg: installing the project (editable, with dev tools)"
     pip_install "$py" -e '.[dev]'
     "$py" -m pip check
+    byte_compile "$py"
     echo "$want" > "$stamp"
   fi
   HF_HUB_OFFLINE=1 "$py" -c "from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"

@@ -34,7 +34,7 @@ def test_tiny_finetune_raises_target_probability(ds, tmp_path):
     sft, _ = models.load(out)
     p0, p1 = mean_target_prob(pre, tok, ds), mean_target_prob(sft, tok, ds)
     assert p1 > 20 * p0, (p0, p1)
-    summary = json.loads((out / T.TRAIN_SUMMARY).read_text())
+    summary = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2]
     assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)   # the callback measured the saved model
@@ -63,10 +63,10 @@ def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
         T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
-    assert not out.exists() and not T.has_train_summary(out)
+    assert not out.exists() and not runs.has_train_summary(out)
     assert [p.name for p in (T.work_dir(out) / "checkpoints").iterdir()] == [f"checkpoint-{2 * per_epoch}"]
     T.train("tiny-llama", ds, out, **kw)
-    summary = json.loads((out / T.TRAIN_SUMMARY).read_text())
+    summary = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{2 * per_epoch}") and summary["global_step"] == 4 * per_epoch
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2, 3, 4]
@@ -126,11 +126,11 @@ def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
     "A finished run is returned as is; force=True trains again."
     kw = dict(overrides=dict(max_steps=2), **TINY)
     out = T.train("tiny-llama", ds, tmp_path / "run", **kw)
-    stamp = (out / T.TRAIN_SUMMARY).read_text()
+    stamp = (out / runs.TRAIN_SUMMARY).read_text()
     T.train("tiny-llama", ds, out, **kw)
-    assert (out / T.TRAIN_SUMMARY).read_text() == stamp
+    assert (out / runs.TRAIN_SUMMARY).read_text() == stamp
     T.train("tiny-llama", ds, out, force=True, **kw)
-    assert (out / T.TRAIN_SUMMARY).read_text() != stamp and T.has_train_summary(out)
+    assert (out / runs.TRAIN_SUMMARY).read_text() != stamp and runs.has_train_summary(out)
 
 
 def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
@@ -141,14 +141,14 @@ def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
     with pytest.raises(ValueError, match="force=True"):
         T.train("tiny-llama", ds, out, overrides=dict(epochs=3), **TINY)
     T.train("tiny-llama", ds, out, overrides=dict(epochs=3, max_steps=2), force=True, **TINY)
-    assert json.loads((out / T.TRAIN_SUMMARY).read_text())["resumed_from"] is None
+    assert json.loads((out / runs.TRAIN_SUMMARY).read_text())["resumed_from"] is None
 
 
 def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     "Split/direction select the texts; a frozen output head does not change; answer-only loss trains."
     out = T.train("tiny-pythia", ds, tmp_path / "rel", split="relation", direction="B2A",
                   overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True), **TINY)
-    s = json.loads((out / T.TRAIN_SUMMARY).read_text())
+    s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     n_texts = len([r for r in data.load_split(ds, "train") if r["split"] == "relation" and r["direction"] == "B2A"])
     assert (s["split"], s["direction"], s["n_facts"], s["n_train_texts"]) == ("relation", "B2A", 2, n_texts)
     assert s["frozen"] == ["lm_head.weight"]
@@ -221,7 +221,7 @@ def test_existing_foreign_directory_is_not_overwritten(ds, tmp_path):
 def test_best_checkpoint_by_eval_loss(ds, tmp_path):
     "With best_by_eval_loss the run records (and keeps) the epoch with the lowest validation loss."
     out = T.train("tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY)
-    s = json.loads((out / T.TRAIN_SUMMARY).read_text())
+    s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
     assert s["best_eval_loss"] == pytest.approx(min(losses.values())) and losses[s["best_step"]] == s["best_eval_loss"]

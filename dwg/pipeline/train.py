@@ -16,14 +16,14 @@ from .config import TrainConfig, general_texts, resolve_config, training_profile
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from .speed import StepTimer, matmul_rate, throughput, throughput_line
 from ..science.evaluate import first_token_scores, top_k
-from ..runs import atomic_write, publish_dir, read_jsonl, report_progress, reusing_freed_memory
+from ..runs import TRAIN_SUMMARY, atomic_write, has_train_summary, publish_dir, read_jsonl, report_progress, \
+    reusing_freed_memory
 
 # %% auto #0
-__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'TRAIN_SUMMARY', 'cpu_has_bf16', 'resolve_precision',
-           'check_dataset_dir', 'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora',
-           'recall_metrics', 'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress',
-           'epoch_metrics', 'work_dir', 'has_train_summary', 'epoch_steps', 'train_epochs', 'checkpoint_epochs',
-           'training_args', 'train', 'trained_models', 'training_row', 'training_table', 'main']
+__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
+           'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
+           'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress', 'epoch_metrics', 'work_dir',
+           'epoch_steps', 'train_epochs', 'checkpoint_epochs', 'training_args', 'train', 'main']
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -202,16 +202,10 @@ def epoch_metrics(log_history: list[dict]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 # %% ../../nbs/04_train.ipynb #965debee
-TRAIN_SUMMARY = "train_summary.json"   # written last by `train`, into its work directory
-
 def work_dir(out_dir: os.PathLike) -> Path:
     "The directory a run trains in before it is renamed to `out_dir`."
     out = Path(out_dir)
     return out.with_name(out.name + ".tmp")
-
-def has_train_summary(out_dir: os.PathLike) -> bool:
-    "Whether `out_dir` holds a model `train` finished (its `train_summary.json`; not the sweep's `run.json`)."
-    return (Path(out_dir) / TRAIN_SUMMARY).is_file()
 
 def _write_json(path: Path, obj) -> None:
     "Write JSON atomically."
@@ -418,35 +412,6 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out
-
-# %% ../../nbs/04_train.ipynb #706d5c46
-def trained_models(run_dirs) -> list[Path]:
-    "The training runs (directories with a `train_summary.json`) that finished grafting runs `run_dirs` used as models."
-    out = []
-    for d in map(Path, run_dirs):
-        models_of = json.loads((d / "run.json").read_text()).get("config", {}).get("models") or {}
-        for p in map(Path, map(str, models_of.values())):
-            if has_train_summary(p) and p not in out: out.append(p)
-    return out
-
-def _run_name(model_dir: Path) -> str:
-    "A training run's name in a sweep: `models/<id>` for `.../models/<id>/model`, else the directory's name."
-    return f"{model_dir.parent.parent.name}/{model_dir.parent.name}" if model_dir.name == "model" else model_dir.name
-
-def training_row(model_dir: os.PathLike) -> dict:
-    "One training run's data, method, precision, time, speed (share of this machine's ceiling) and recall of its facts."
-    d = Path(model_dir)
-    s, info = json.loads((d / TRAIN_SUMMARY).read_text()), d / "dataset" / "dataset_info.json"
-    final, speed, lora = s.get("final") or {}, s.get("throughput") or {}, s.get("lora")
-    return dict(run=_run_name(d), dataset=json.loads(info.read_text()).get("kind") if info.is_file() else None,
-                split=s.get("split"), method=f"LoRA r{lora['r']}" if lora else "full", precision=s.get("precision"),
-                epochs=s.get("epochs_done"), wall_s=s.get("wall_time_s"), tokens_per_s=speed.get("tokens_per_s"),
-                ceiling_ratio=speed.get("ratio"), recall_top1=final.get("recall_top1"),
-                recall_top5=final.get("recall_top5"), recall_prob=final.get("recall_prob"))
-
-def training_table(model_dirs) -> pd.DataFrame:
-    "`training_row` of each training run, rounded for reading."
-    return pd.DataFrame([training_row(d) for d in model_dirs]).round(3)
 
 # %% ../../nbs/04_train.ipynb #1ffeda58
 def _parse_sets(items: list[str]) -> dict:

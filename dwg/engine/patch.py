@@ -126,7 +126,8 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
 
 def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
     """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
-    with `whole`, the recipient runs the last columns of that batch: the donor runs all of it, its activations cut."""
+    with `whole`, the recipient runs the columns of that batch that end where `mask` ends (all of them, or a head
+    without the last): the donor runs all of it, its activations cut to those columns."""
     def hook(module, args, kwargs):
         if whole is not None:
             x = kwargs["inputs_embeds"] if "inputs_embeds" in kwargs else kwargs.get("input_ids", args[0] if args else None)
@@ -135,7 +136,7 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dic
                 raise ValueError(f"patch: the mask patches some of the first {skipped} columns, which the recipient "
                                  "takes from its cache. Fix: start the recipient at the first patched column.")
             acts, state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, (), whole, {} if runs is None else runs)
-            state["acts"] = {key: acts[key][:, skipped:] for key in targets}
+            state["acts"] = {key: acts[key][:, skipped:mask.shape[1]] for key in targets}   # the mask may end early
             return
         cache = kwargs.get("past_key_values")
         if cache is None and runs is not None:

@@ -125,6 +125,11 @@ def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
     return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
                 attention_mask=batch["attention_mask"][:, :stop])
 
+def _whole(batch: dict, plan) -> dict | None:
+    """For a patching plan, the whole batch as its donor runs it (once for all plans sharing `runs`; the base may run
+    only its last columns); None for other plans."""
+    return dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches else None
+
 def _layer_shaped(outputs: list, batch: dict, n: int) -> bool:
     "Whether every one of `n` decoder layers gave one (batch, seq, hidden) tensor (not a tuple or a stack of streams)."
     shape = tuple(batch["input_ids"].shape)
@@ -197,17 +202,19 @@ class SharedPrefix:
         return self.cache
 
     @torch.no_grad()
-    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0):
+    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0,
+                  runs: dict | None = None):
         """A cache of every column but the last, computed under `plan`'s rules there (on the ungrafted prefix; the layers
         below `upto` but the first replayed and left out of the cache; the first runs, so that the cache's length, which
         a model may read from it, counts every column): the plans of one `head_signature` and `upto` share it (e.g. the
-        hybrids all graft the relation model at FE). None where the cache cannot be cropped."""
+        hybrids all graft the relation model at FE; patching plans take the donor's activations from `runs`). None
+        where the cache cannot be cropped."""
         width, key = self.batch["input_ids"].shape[1], (head_signature(plan, masks), upto)
         if self.head != key:
             start = first_grafted_column(masks, width)
             cache = self.take(start)
             if not self.croppable: return None
-            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed), \
+            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed, runs, _whole(self.batch, plan)), \
                  (self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext()):
                 out = self.model(**_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True,
                                  logits_to_keep=1)
@@ -219,7 +226,7 @@ def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
     "What `plan` does before the last column (its base, and each rule acting there with its mask), or None: nothing."
     head = [(repr({**dataclasses.asdict(r), "positions": None}), m[:, :-1].cpu().numpy().tobytes())
             for r, m in zip(plan.rules, masks) if m[:, :-1].any()]
-    return (plan.base, tuple(head)) if head and not plan.patches else None
+    return (plan.base, tuple(head)) if head else None
 
 @torch.no_grad()
 def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None,
@@ -232,12 +239,11 @@ def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], see
     if upto and prefix.layer_outputs() is None: upto = 0
     start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
     cache = (None if prefix is None else
-             prefix.take_head(plan, models, masks, seed, upto) if shared_head else prefix.take(start))
+             prefix.take_head(plan, models, masks, seed, upto, runs) if shared_head else prefix.take(start))
     if cache is None: start = 0
-    # a patching plan's donor runs the whole batch (once for all plans sharing `runs`), the base from `start`
-    whole = (dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches
-             else None)
-    with grafted(plan, models, masks, seed, runs, whole), (prefix.replay(upto, start) if upto else nullcontext()):
+    elif shared_head:   # the head's columns are in the cache, computed under the plan: the masks act on the last alone
+        masks = [torch.cat([torch.zeros_like(m[:, :-1]), m[:, -1:]], 1) for m in masks]
+    with grafted(plan, models, masks, seed, runs, _whole(batch, plan)), (prefix.replay(upto, start) if upto else nullcontext()):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 

@@ -118,3 +118,24 @@ def test_modules_and_functions_stay_small():
                 if n > MAX_FUNCTION_LINES and not any(LONG_OK in l for l in src[node.lineno - 1:node.end_lineno]):
                     long.append(f"dwg.{name}.{node.name}: {n} lines")
     assert not big and not long, big + long
+
+def _figures_imports() -> str:
+    "The import lines of the figures notebook (dwg/experiments/figures.ipynb), joined into one script."
+    import json
+    nb = json.loads((PACKAGE / "experiments" / "figures.ipynb").read_text())
+    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    return "\n".join(ast.unparse(n) for n in ast.parse(src).body if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+def _loads_torch(script: str) -> bool:
+    "Whether running `script` in a fresh interpreter imports torch."
+    import subprocess, sys
+    probe = script + "\nimport sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return out.stdout.split()[-1] == "True"
+
+def test_figures_notebook_imports_no_torch():
+    "Drawing the figures from finished runs needs no torch: the figures stage does not pay its import (seconds)."
+    imports = _figures_imports()
+    assert "from dwg.runs import" in imports and "training_table" in imports   # the notebook's imports were found
+    assert not _loads_torch(imports)
+    assert _loads_torch(imports + "\nimport dwg.pipeline.train")   # the probe sees torch when it is imported

@@ -13,7 +13,7 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     # this one (a SmolLM2 load) would leave a peak that every reading here falls under
     out = tmp_path / "bench.json"
     run = subprocess.run([sys.executable, "-m", "dwg.dev.bench", "--model", "tiny-llama", "--batch", "8", "--n-original", "2",
-                          "--n-facts", "8", "--stage", "components,hybrid", "--stage-facts", "2", "--stage-batch", "4", "--stage-generate", "hybrid", "--workdir", str(tmp_path),
+                          "--n-facts", "8", "--stage", "components,hybrid,patch-resid:LT@layer_1,patch-blocks:FE@layer_1", "--stage-facts", "2", "--stage-batch", "4", "--stage-generate", "hybrid", "--workdir", str(tmp_path),
                           "--json", str(out)],
                          capture_output=True, text=True, check=True)
     res = json.loads(out.read_text())
@@ -40,10 +40,12 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     # a full donor's weights show at the peak; the adapter's graft adds far less (so its reading came before the donor)
     assert res["donor_extra_rss_over_weights"] > 0.9 > res["lora_extra_rss_over_weights"]
     # the stage timing: both ways give the same numbers, the ratio is that of the printed times
-    assert res["stage_size"].startswith("components,hybrid: ") and res["stage_max_abs_dprob"] < 1e-5
+    assert res["stage_size"].startswith("components,hybrid,patch-") and res["stage_max_abs_dprob"] < 1e-5
     assert math.isclose(res["stage_speedup"], res["stage_before_s"] / res["stage_now_s"])
     # decoding every row to the chunk's longest target gives the same rows (the hybrids decode whole names here)
     assert res["stage_own_length_same_rows"] and math.isclose(res["stage_own_length_speedup"], res["stage_every_row_s"] / res["stage_now_s"])
+    # the patching plans: recording the donor once a site set, as before, gives the same rows
+    assert res["stage_donor_once_same_rows"] and math.isclose(res["stage_donor_once_speedup"], res["stage_donor_per_site_s"] / res["stage_now_s"])
     n_plans = len(plan_groups()["position"])
     assert res["position_sweep_size"].startswith(f"{n_plans} plans x 8 facts")
 

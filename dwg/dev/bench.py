@@ -5,7 +5,7 @@
 # %% ../../nbs/07_bench.ipynb #d6ba7d05
 from __future__ import annotations
 import argparse, copy, inspect, json, resource, statistics, subprocess, sys, tempfile, time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from unittest import mock
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -15,6 +15,7 @@ from ..science.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_sp
 from ..engine.lora import as_donor, read_adapter
 from ..science import evaluate
 from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
+from ..engine import patch as patch_module
 from ..engine.patch import patch
 from ..runs import reusing_freed_memory
 from ..science.plans import expand_plans, get_plan, plan_groups, resolve_plans
@@ -152,14 +153,28 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
     with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
+class _CopiedAtOnce(patch_module._SharedCache):
+    "A donor's KV cache copied for each patching context as it is handed out (not when a generation continues it)."
+    def __init__(self, cache): super().__init__(copy.deepcopy(cache))
+
+def _as_before(way: str):
+    "The change that `way` undoes: rows leave the batch at their target's end; the donor records all sites at once."
+    if way == "every_row": return mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves
+    stack = ExitStack()
+    if way == "donor_per_site":   # each patching plan records the sites it needs; each copies the donor's cache
+        stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models: {}))
+        stack.enter_context(mock.patch.object(patch_module, "_SharedCache", _CopiedAtOnce))
+    return stack
+
 def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int, generate: str = ""):
     """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, three ways timed twice
     each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
     of like lengths, lower layers replayed, shared heads, freed memory reused as `run_grafting` does), and the default
     with freed memory returned to the system; the largest probability difference between the first two.
     The donor also plays the relation model and the base the task model (the component and hybrid plans).
-    `generate` (plan groups): those plans also decode whole names, and a fourth way decodes every row of a chunk to its
-    longest target (as before rows left the batch at their own target's end)."""
+    `generate` (plan groups): those plans also decode whole names, and a way decodes every row of a chunk to its
+    longest target (as before rows left the batch at their own target's end). Patching plans: a way records the donor
+    once per site set and copies its cache for each plan (as before one recording served them all)."""
     exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
     facts = sorted({e["fact_id"] for e in exs})[:n_facts]
     exs = [e for e in exs if e["fact_id"] in facts]
@@ -169,20 +184,23 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
     gen = dict(generate=expand_plans(resolve_plans(generate.split(","), list(models), "stage_generate"), depth),
                generated="last_token") if generate else {}
     old = dict(by_length=False, replay_layers=False, share_heads=False)
-    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False), **({"every_row": ({}, True)} if gen else {}))
+    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False), **({"every_row": ({}, True)} if gen else {}),
+                **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}))
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
         for way, (kw, reuse) in ways.items():
             t = time.perf_counter()
-            every_row = (mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves the batch
-                         if way == "every_row" else nullcontext())
-            with reusing_freed_memory(reuse), every_row:
+            with reusing_freed_memory(reuse), _as_before(way):
                 rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw, **gen)
             times[way].append(time.perf_counter() - t)
     if gen:
         res["stage_every_row_s"] = min(times["every_row"])
         res["stage_own_length_speedup"] = res["stage_every_row_s"] / min(times["now"])
         res["stage_own_length_same_rows"] = rows["every_row"] == rows["now"]
+    if "donor_per_site" in ways:
+        res["stage_donor_per_site_s"] = min(times["donor_per_site"])
+        res["stage_donor_once_speedup"] = res["stage_donor_per_site_s"] / min(times["now"])
+        res["stage_donor_once_same_rows"] = rows["donor_per_site"] == rows["now"]
     res["stage_size"] = f"{stage}: {len(plans)} plans x {len(exs)} prompts ({len(facts)} facts), chunks of {batch}"
     res["stage_before_s"], res["stage_now_s"] = min(times["before"]), min(times["now"])
     res["stage_speedup"] = res["stage_before_s"] / res["stage_now_s"]

@@ -112,17 +112,23 @@ def _inputs_key(args: tuple, kwargs: dict) -> tuple:
         return v.data_ptr(), tuple(v.shape), v.stride(), -1 if v.is_inference() else v._version
     return tuple(map(ident, args)), tuple((k, ident(v)) for k, v in sorted(kwargs.items()))
 
+class _SharedCache:
+    "A donor's KV cache that several `patch` contexts hold: a generation that continues it continues a copy."
+    def __init__(self, cache): self.cache = cache
+
 def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tuple[dict, object]:
     """The donor's activations at every layer of `sites` on these inputs, from `runs` (recorded by an earlier `patch`
-    on the same batch) or recorded now for all layers of the sites missing; and a copy of its KV cache."""
+    on the same batch) or recorded now for all layers of the sites missing, and of those `runs["sites"][id(donor)]`
+    names (the sites later contexts on this batch will patch); and its KV cache, shared."""
     run = runs.setdefault((id(donor), _inputs_key(args, kwargs)), dict(acts={}, sites=set(), cache=None))
     if missing := sites - run["sites"]:
+        missing |= set(runs.get("sites", {}).get(id(donor), ())) - run["sites"]
         n = architecture(donor)["n_layers"]
         acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
         run["acts"].update(acts)
         run["sites"] |= missing
         run["cache"] = getattr(out, "past_key_values", None)
-    return run["acts"], copy.deepcopy(run["cache"])   # a copy: generation continues (and so changes) the cache
+    return run["acts"], None if run["cache"] is None else _SharedCache(run["cache"])
 
 def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
     """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
@@ -148,6 +154,7 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dic
                 raise ValueError("patch: this forward continues a KV cache (past_key_values) that was not made inside "
                                  "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
                                  "sequence inside `patch` (its cache can then be continued).")
+            if isinstance(paired, _SharedCache): paired = copy.deepcopy(paired.cache)   # this generation's own copy
             kwargs = {**kwargs, "past_key_values": paired}
         state["acts"], out = _record(donor, targets, args, kwargs)
         state["donor_cache"] = getattr(out, "past_key_values", None)
@@ -182,7 +189,8 @@ def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> 
 def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None,
           whole: dict | None = None):
     """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
-    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context.
+    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context
+    (its entry `"sites"`, {id(donor): site names}, makes that run record the sites of the contexts still to come).
     `whole`: the model's keyword arguments for the whole batch, when the recipient runs only its last columns after a
     cache of its own first ones (which the mask must leave alone); the donor runs the whole batch."""
     if is_lora_donor(donor):

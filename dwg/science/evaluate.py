@@ -16,16 +16,16 @@ from .models import load
 from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_components, resolve_layers
 from ..engine.arch import architecture, decoder_layers
-from ..engine.patch import patch
+from ..engine.patch import patch, resolve_sites
 from .plans import (Rule, expand_plans, get_plan, resolve_plans, resolve_positions, kept_layers, MissingSpan,
                               check_plan_roles, example_roles, unknown_roles)
 from ..runs import report_progress, reusing_freed_memory, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
-__all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'first_grafted_column',
-           'SharedPrefix', 'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize',
-           'adapter_roles', 'select_examples', 'run_grafting']
+__all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'patched_sites',
+           'first_grafted_column', 'SharedPrefix', 'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans',
+           'summarize', 'adapter_roles', 'select_examples', 'run_grafting']
 
 # %% ../../nbs/03_evaluate.ipynb #8dc1e565
 #| export
@@ -109,6 +109,15 @@ def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: 
             stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs, whole=whole))
         else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
     return stack
+
+def patched_sites(plans: list, models: dict) -> dict[int, set]:
+    "The sites `plans` patch from each donor (by id): one recording pass of a donor on a chunk gives them all."
+    sites = {}
+    for plan in plans:
+        base, donors = _bind(plan, models)
+        for rule, donor in zip(plan.rules, donors):
+            if rule.method == "patch": sites.setdefault(id(donor), set()).update(resolve_sites(base, rule.sites))
+    return sites
 
 # %% ../../nbs/03_evaluate.ipynb #b9544b72
 def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
@@ -349,7 +358,7 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     generating = lambda p: generate if isinstance(generate, bool) else p.name in generate
     first_layer = lambda p: (first_grafted_layer(p, models, kw.get("seed", 0))   # where its replay starts (0: none)
                              if kw.get("replay_layers", True) and not generating(p) else 0)
-    done, total = 0, len(plans) * len(examples)
+    done, total, sites = 0, len(plans) * len(examples), patched_sites(plans, models)
     bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}   # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
@@ -357,7 +366,7 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
                     if share_prefix else {})
         for role, prefix in prefixes.items():   # a base some plan replays: its recording pass gives the cache too
             if any(first_layer(p) for p in plans if p.base == role): prefix.layer_outputs()
-        donor_runs = {}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
+        donor_runs = {"sites": sites}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p, head in _prefix_order(plans, prep, share_heads, first_layer):
             for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,
                                               generate=generating(p), shared_head=head, **kw)):

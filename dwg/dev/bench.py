@@ -159,8 +159,8 @@ class _CopiedAtOnce(patch_module._SharedCache):
 
 def _as_before(way: str):
     "The change that `way` undoes: rows leave the batch at their target's end; the donor records all sites at once."
-    if way == "every_row": return mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None)   # no row leaves
     stack = ExitStack()
+    if way == "every_row": stack.enter_context(mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None))
     if way == "donor_per_site":   # each patching plan records the sites it needs; each copies the donor's cache
         stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models: {}))
         stack.enter_context(mock.patch.object(patch_module, "_SharedCache", _CopiedAtOnce))

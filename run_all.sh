@@ -50,13 +50,13 @@ pip_install() {
 }
 
 byte_compile() {
-  # the venv's .pyc files (pip compiles one file at a time: half the set-up on 2 cores), on $2 processes (0: every
-  # core), skipping files already compiled and the installed packages' own test suites, which nothing imports; like
-  # pip it passes over files written for a newer Python (torch ships a few)
-  local py=$1 jobs=${2:-0} lib skip
+  # the venv's .pyc files, on every core (pip compiles one file at a time: half the set-up on 2 cores), but for the
+  # installed packages' own test suites, which nothing imports; like pip it passes over files written for a newer
+  # Python (torch ships a few)
+  local py=$1 lib skip
   lib=$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   skip=$("$py" -c 'import re, sys; print("^" + re.escape(sys.argv[1]) + "/(.+/)?tests?/")' "$lib")
-  "$py" -m compileall -qq -j "$jobs" -x "$skip" "$lib" || true
+  "$py" -m compileall -qq -j 0 -x "$skip" "$lib" || true
 }
 
 setup() {
@@ -72,12 +72,9 @@ setup() {
       pip_install "$py" "${DWG_TORCH:-torch==2.13.0}"
     fi
     echo "dwg: installing the project (editable, with dev tools)"
-    byte_compile "$py" 1 &   # torch and what came with it, on one core while pip resolves the project's dependencies
-    local compiling=$!
-    pip_install "$py" -e '.[dev]' || { kill "$compiling" 2>/dev/null; exit 1; }
-    wait "$compiling"
+    pip_install "$py" -e '.[dev]'
     "$py" -m pip check
-    byte_compile "$py"       # the rest, on every core
+    byte_compile "$py"
     echo "$want" > "$stamp"
   fi
   HF_HUB_OFFLINE=1 "$py" -c "from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"

@@ -46,6 +46,10 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     assert res["stage_own_length_same_rows"] and math.isclose(res["stage_own_length_speedup"], res["stage_every_row_s"] / res["stage_now_s"])
     # the patching plans: recording the donor once a site set, as before, gives the same rows
     assert res["stage_donor_once_same_rows"] and math.isclose(res["stage_donor_once_speedup"], res["stage_donor_per_site_s"] / res["stage_now_s"])
+    # the stage's matrix-product work at this CPU's matmul rate, against its time: counted, and the printed ratio
+    assert res["stage_tflop"] > 0 and res["stage_matmul_gflops"] > 0
+    assert math.isclose(res["stage_at_matmul_rate_s"], res["stage_tflop"] * 1e3 / res["stage_matmul_gflops"])
+    assert math.isclose(res["stage_share_of_matmul_rate"], res["stage_at_matmul_rate_s"] / res["stage_now_s"])
     n_plans = len(plan_groups()["position"])
     assert res["position_sweep_size"].startswith(f"{n_plans} plans x 8 facts")
 

@@ -18,7 +18,7 @@ from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evalua
 from ..engine import patch as patch_module
 from ..engine.patch import patch
 from ..runs import reusing_freed_memory
-from ..pipeline.speed import matmul_rate
+from ..pipeline.speed import matmul_rate, matmul_shape
 from torch.utils.flop_counter import FlopCounterMode
 from ..science.plans import expand_plans, get_plan, plan_groups, resolve_plans
 
@@ -210,14 +210,15 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
     res["stage_reuse_speedup"] = res["stage_memory_returned_s"] / res["stage_now_s"]
     res["stage_reuse_same_rows"] = rows["now"] == rows["memory_returned"]
     res["stage_max_abs_dprob"] = max(abs(a.get("prob", 0) - b.get("prob", 0)) for a, b in zip(rows["before"], rows["now"]))
-    _stage_share(res, lambda: evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **gen))
+    _stage_share(res, lambda: evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **gen),
+                 matmul_shape(models["pretrained"].config))
 
-def _stage_share(res: dict, run, readings: int = 5):
+def _stage_share(res: dict, run, shape: dict, readings: int = 5):
     """How near the stage's default way comes to this CPU's matrix-multiply rate: the FLOPs of one `run` (torch's FLOP
-    counter: matrix products, and attention where torch counts it) at the median of `readings` of the rate, against
-    its timed seconds."""
+    counter: matrix products, and attention where torch counts it) at the median of `readings` of the rate at the
+    model's `shape` (`matmul_shape`, as training reads it), against its timed seconds."""
     with FlopCounterMode(display=False) as counter: run()
-    flops, rate = counter.get_total_flops(), statistics.median(matmul_rate() for _ in range(readings))
+    flops, rate = counter.get_total_flops(), statistics.median(matmul_rate(**shape) for _ in range(readings))
     res["stage_tflop"], res["stage_matmul_gflops"] = flops / 1e12, rate / 1e9
     res["stage_at_matmul_rate_s"] = flops / rate
     res["stage_share_of_matmul_rate"] = res["stage_at_matmul_rate_s"] / res["stage_now_s"]

@@ -9,7 +9,7 @@ import torch
 from transformers import TrainerCallback
 
 # %% auto #0
-__all__ = ['matmul_rate', 'StepTimer', 'throughput', 'throughput_line']
+__all__ = ['matmul_rate', 'matmul_shape', 'StepTimer', 'throughput', 'throughput_line']
 
 # %% ../../nbs/04c_speed.ipynb #f3a1c002
 def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5,
@@ -24,6 +24,10 @@ def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float
         a @ b; reps += 1
     sync()
     return 2 * rows * k * n * reps / (time.perf_counter() - t0)
+
+def matmul_shape(config) -> dict:
+    "A model's own matrix-multiply shape for `matmul_rate`: hidden size x intermediate (FFN) size."
+    return dict(k=config.hidden_size, n=getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
 
 class StepTimer(TrainerCallback):
     """Seconds spent in training steps (forward, backward, optimizer step), and readings of `read` (the matmul rate):

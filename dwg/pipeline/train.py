@@ -14,7 +14,7 @@ from ..science import models
 from ..science.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
-from .speed import StepTimer, matmul_rate, throughput, throughput_line
+from .speed import StepTimer, matmul_rate, matmul_shape, throughput, throughput_line
 from ..science.evaluate import first_token_scores, top_k
 from ..runs import TRAIN_SUMMARY, atomic_write, has_train_summary, publish_dir, read_jsonl, report_progress, \
     reusing_freed_memory
@@ -398,8 +398,7 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
-              k=net.config.hidden_size, n=getattr(net.config, "intermediate_size", 4 * net.config.hidden_size),
-              device=args.device, seconds=0.15)   # this machine's matmul rate, read before, between and after the steps
+              **matmul_shape(net.config), device=args.device, seconds=0.15)   # this machine's matmul rate, read before, between and after the steps
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
                        data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=encode(data["texts"]),
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,

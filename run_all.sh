@@ -38,7 +38,8 @@ Options of `run` (the command may be left out: `./run_all.sh --profile smoke` ru
 Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.dev.bench (see its --help).
 
 Environment: DWG_HOME (model cache), DWG_VENV (venv dir, default .venv), PYTHON (interpreter for the venv, 3.10+),
-             DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0).
+             DWG_TORCH (torch spec to install when torch is missing, default torch==2.13.0), DWG_PIP=1 (install
+             the project with pip instead of uv).
 USAGE
 }
 
@@ -47,6 +48,17 @@ pip_install() {
   # configured package locations that do not exist on this machine
   local py=$1; shift
   "$py" -m pip install -q --no-compile --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
+project_install() {
+  # the project's packages with uv when it installs (it resolves in seconds what takes pip ~45 s), else with pip;
+  # torch is already there from pip, so the machine's own torch build is kept. DWG_PIP=1: pip only
+  local py=$1; shift
+  if [ -z "${DWG_PIP:-}" ] && { [ -x "$(dirname "$py")/uv" ] || pip_install "$py" uv; }; then
+    "$(dirname "$py")/uv" pip install -q --python "$py" "$@" && return
+    echo "dwg: uv could not install the project; installing with pip" >&2
+  fi
+  pip_install "$py" "$@"
 }
 
 byte_compile() {
@@ -72,7 +84,7 @@ setup() {
       pip_install "$py" "${DWG_TORCH:-torch==2.13.0}"
     fi
     echo "dwg: installing the project (editable, with dev tools)"
-    pip_install "$py" -e '.[dev]'
+    project_install "$py" -e '.[dev]'
     "$py" -m pip check
     byte_compile "$py"
     echo "$want" > "$stamp"
@@ -97,7 +109,7 @@ case "$cmd" in
     setup
     execute=true
     for a in "$@"; do case "$a" in --no-execute) execute=false ;; *) echo "run_all.sh docs: unknown option '$a'"; exit 2 ;; esac; done
-    pip_install "$VENV/bin/python" -r docs/requirements.txt
+    project_install "$VENV/bin/python" -r docs/requirements.txt
     "$VENV/bin/python" docs/stage.py _build/docs
     t0=$SECONDS
     HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 DWG_DOCS_EXECUTE=$execute "$VENV/bin/mkdocs" build --strict --clean -f mkdocs.yml

@@ -16,13 +16,13 @@ __all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT
            'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models', 'training_row', 'training_table']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
-def atomic_write(path, text: str) -> Path:
-    "Write `text` to `path` through a temporary file in the same directory and an atomic rename."
+def atomic_write(path, text: str | bytes) -> Path:
+    "Write `text` (or bytes) to `path` through a temporary file in the same directory and an atomic rename."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f: f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f: f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -57,6 +57,7 @@ class TrainConfig:
                                       # few epochs' end when an epoch is shorter than this many steps (a small dataset)
     keep_checkpoints: bool = False    # keep them in out_dir/checkpoints after the run
     recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
+    recall_each_epoch: bool = True    # recall logged before training and at each checkpoint's epoch; false: at the end only
     logging_steps: int = 10
     gradient_checkpointing: bool = False
     reuse_freed_memory: bool = True   # keep memory freed between steps for the next one (dwg.runs.reusing_freed_memory):

@@ -4,12 +4,13 @@
 
 # %% ../../nbs/04c_speed.ipynb #5e7d0003
 from __future__ import annotations
-import statistics, time
+import math, statistics, time
+from collections import Counter
 import torch
 from transformers import TrainerCallback
 
 # %% auto #0
-__all__ = ['matmul_rate', 'matmul_shape', 'StepTimer', 'throughput', 'throughput_line']
+__all__ = ['matmul_rate', 'matmul_shape', 'linear_shapes', 'StepProducts', 'StepTimer', 'throughput', 'throughput_line']
 
 # %% ../../nbs/04c_speed.ipynb #f3a1c002
 def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5,
@@ -28,6 +29,36 @@ def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float
 def matmul_shape(config) -> dict:
     "A model's own matrix-multiply shape for `matmul_rate`: hidden size x intermediate (FFN) size."
     return dict(k=config.hidden_size, n=getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
+
+def linear_shapes(model) -> Counter:
+    "How many of `model`'s linear layers have each `(in_features, out_features)` shape (a tied output head once)."
+    return Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+class StepProducts:
+    """A training step's matrix products alone, timed: each linear shape's forward, input-gradient and weight-gradient
+    products at `rows` tokens, weighted by how many layers have it. Outputs wider than `widest` are timed on a slice of
+    `widest` columns and scaled (a vocabulary head's product runs at the same rate on a sixth of its columns)."""
+    def __init__(self, shapes: Counter, rows: int, dtype=torch.float32, device="cpu", widest: int = 8192,
+                 work: float = 2e9):
+        g = torch.Generator(device=device).manual_seed(0)   # its own generator: training's random state is left alone
+        rand = lambda *shape: torch.randn(*shape, device=device, generator=g).to(dtype)
+        self.parts = []   # x, dy, w, repeats, weight of one repeat's seconds
+        for (k, n), count in shapes.items():
+            m = min(n, widest); reps = max(1, math.ceil(work / (6 * rows * k * m)))
+            self.parts.append((rand(rows, k), rand(rows, m), rand(m, k), reps, count * n / m / reps))
+        self.params = sum(k * n * count for (k, n), count in shapes.items())
+        self.flops = 6 * rows * self.params
+        self.sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+        self()   # warm-up
+
+    def __call__(self) -> float:
+        "FLOP/s of one timed pass over the products."
+        seconds = 0.0
+        for x, dy, w, reps, weight in self.parts:
+            self.sync(); t0 = time.perf_counter()
+            for _ in range(reps): x @ w.t(); dy @ w; dy.t() @ x
+            self.sync(); seconds += weight * (time.perf_counter() - t0)
+        return self.flops / seconds
 
 class StepTimer(TrainerCallback):
     """Seconds spent in training steps (forward, backward, optimizer step), and readings of `read` (the matmul rate):

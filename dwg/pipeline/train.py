@@ -4,7 +4,7 @@
 
 # %% ../../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, os, random, shutil, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, random, shutil, statistics, sys, time, warnings
 from pathlib import Path
 import pandas as pd
 import torch, yaml
@@ -14,7 +14,7 @@ from ..science import models
 from ..science.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
-from .speed import StepTimer, matmul_rate, matmul_shape, throughput, throughput_line
+from .speed import StepProducts, StepTimer, linear_shapes, throughput, throughput_line
 from ..science.evaluate import first_token_scores, top_k
 from ..runs import TRAIN_SUMMARY, atomic_write, has_train_summary, publish_dir, read_jsonl, report_progress, \
     reusing_freed_memory
@@ -154,8 +154,8 @@ def sample_recall_examples(eval_rows: list[dict], fact_ids: list[str], n_facts: 
     return [r for r in eval_rows if r["fact_id"] in keep]
 
 def _due(state, every: int) -> bool:
-    "Is this epoch's end a checkpoint/recall epoch (every `every` epochs, and the last)?"
-    return round(state.epoch or 0) % every == 0 or state.global_step >= state.max_steps
+    "Is this epoch's end a checkpoint/recall epoch (every `every` epochs, and the last; `every` 0: the last only)?"
+    return (every > 0 and round(state.epoch or 0) % every == 0) or state.global_step >= state.max_steps
 
 class SparseCheckpoints(TrainerCallback):
     "Checkpoint only every `every` epochs, and not at the end unless `keep_last` (the finished model is saved anyway)."
@@ -165,7 +165,8 @@ class SparseCheckpoints(TrainerCallback):
         if not _due(state, self.every) or (last and not self.keep_last): control.should_save = False
 
 class RecallCallback(TrainerCallback):
-    "Before training, after every `every` epochs and at the end, log the recall of the trained facts' targets."
+    """Before training, after every `every` epochs and at the end, log the recall of the trained facts' targets (`every`
+    0: at the end only)."""
     def __init__(self, tokenizer, examples: list[dict], batch_size: int = 32, verbose: bool = True, every: int = 1):
         self.tok, self.examples, self.bs, self.verbose, self.every = tokenizer, examples, batch_size, verbose, every
     def _log(self, state, model):
@@ -178,7 +179,7 @@ class RecallCallback(TrainerCallback):
                   f"(n={len(self.examples)})", file=sys.stderr)
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.t0 = time.time()
-        if state.global_step == 0: self._log(state, model)
+        if state.global_step == 0 and self.every: self._log(state, model)
     def on_epoch_end(self, args, state, control, model=None, **kw):
         if _due(state, self.every): self._log(state, model)
 
@@ -244,7 +245,8 @@ def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = N
 def _callbacks(cfg: TrainConfig, tok, examples: list[dict], n_texts: int, progress: bool) -> list:
     "The recall log and the checkpoints, every `checkpoint_epochs` epochs, and the progress file's steps."
     every = checkpoint_epochs(cfg, n_texts)
-    return [RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=every),
+    recall_every = every if cfg.recall_each_epoch else 0   # 0: at the end only
+    return [RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=recall_every),
             SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints), StepProgress()]
 
 def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
@@ -397,16 +399,18 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
                          has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
-    mm = dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
-              **matmul_shape(net.config), device=args.device, seconds=0.15)   # this machine's matmul rate, read before, between and after the steps
+    texts = encode(data["texts"])
+    rows = round(cfg.batch_size * statistics.mean(len(t["input_ids"]) for t in texts))   # a step's tokens, about
+    products = StepProducts(linear_shapes(net), rows, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
+        run["precision"], torch.float32), args.device)   # the step's products alone, timed before, between and after steps
     trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
-                       data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=encode(data["texts"]),
+                       data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=texts,
                        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
                        callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress),
-                                  timer := StepTimer(lambda: matmul_rate(**mm)), *(callbacks or [])])
+                                  timer := StepTimer(products), *(callbacks or [])])
     with reusing_freed_memory(cfg.reuse_freed_memory):   # each step's large buffers reuse the last step's memory
         result = trainer.train(resume_from_checkpoint=run["resume"])
-    run["throughput"] = throughput(*trainer.tokens, timer.seconds, run["params"][1], timer.readings, run["precision"])
+    run["throughput"] = throughput(*trainer.tokens, timer.seconds, products.params, timer.readings, run["precision"])
     if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()

@@ -4,14 +4,14 @@
 
 # %% ../../nbs/06_plots.ipynb #d39fc11f
 from __future__ import annotations
-import inspect
+import inspect, json
 from fnmatch import fnmatch
 from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
 from .plans import DEPTH_GROUPS, GraftPlan, figure_order, figure_own, figure_plans, figure_references, paper_plans, parse_method_plan
-from ..runs import read_jsonl, run_integrity
+from ..runs import atomic_write, read_jsonl, run_integrity
 
 # %% auto #0
 __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGURES', 'plan_info', 'component_label',
@@ -418,21 +418,21 @@ def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     return stacked_by_run(rows, make, title, refs_of)
 
 # %% ../../nbs/06_plots.ipynb #093b6d08
+def _rendered(spec: dict, fmt: str, scale_factor: float = 1.0) -> bytes:
+    "A Vega-Lite `spec` as the bytes of a `fmt` file, rendered offline by vl-convert (HTML with the JavaScript inlined)."
+    import vl_convert as vlc
+    vl = "v" + "_".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])   # the Vega-Lite version altair writes
+    if fmt == "png": return vlc.vegalite_to_png(spec, vl_version=vl, scale=scale_factor)
+    if fmt == "svg": return vlc.vegalite_to_svg(spec, vl_version=vl).encode()
+    if fmt == "html": return vlc.vegalite_to_html(spec, vl_version=vl, bundle=True).encode()
+    return json.dumps(spec, indent=2).encode()
+
 def save_chart(chart, path_stem, formats=("png", "svg", "html"), scale_factor: float = 1.0) -> dict[str, Path]:
-    "Write `chart` as `path_stem.png/.svg/.html` (HTML with inlined JS), each atomically; returns the paths."
-    stem = Path(path_stem); stem.parent.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for fmt in formats:
-        if fmt not in ("png", "svg", "html", "json"): raise ValueError(f"Unknown format {fmt!r}: use png, svg, html or json.")
-        final = stem.with_name(f"{stem.name}.{fmt}")
-        tmp = stem.with_name(f".{stem.name}.{fmt}.tmp")
-        kw = dict(inline=True) if fmt == "html" else dict(scale_factor=scale_factor) if fmt == "png" else {}
-        try:
-            chart.save(str(tmp), format=fmt, **kw)
-            tmp.replace(final)
-        finally: tmp.unlink(missing_ok=True)
-        out[fmt] = final
-    return out
+    "Write `chart` as `path_stem.png/.svg/.html/.json` (HTML with inlined JS), each atomically; returns the paths."
+    bad = [f for f in formats if f not in ("png", "svg", "html", "json")]
+    if bad: raise ValueError(f"Unknown format {bad[0]!r}: use png, svg, html or json.")
+    with alt.data_transformers.disable_max_rows(): spec = chart.to_dict()   # checked once, then drawn in each format
+    return {fmt: atomic_write(Path(f"{path_stem}.{fmt}"), _rendered(spec, fmt, scale_factor)) for fmt in formats}
 
 # %% ../../nbs/06_plots.ipynb #cb60b9de
 RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "logprob", "skipped", "skip_reason", "exact_match", "model",

@@ -85,7 +85,7 @@ setup() {
     fi
     echo "dwg: installing the project (editable, with dev tools)"
     project_install "$py" -e '.[dev]'
-    "$py" -m pip check
+    if [ -x "$(dirname "$py")/uv" ]; then "$(dirname "$py")/uv" pip check -q --python "$py"; else "$py" -m pip check; fi
     byte_compile "$py"
     echo "$want" > "$stamp"
   fi

@@ -20,9 +20,9 @@ def atomic_write(path, text: str | bytes) -> Path:
     "Write `text` (or bytes) to `path` through a temporary file in the same directory and an atomic rename."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")   # opened as any new file: umask's mode
     try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f: f.write(text)
+        with open(tmp, "xb" if isinstance(text, bytes) else "x") as f: f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -54,8 +54,9 @@ project_install() {
   # the project's packages with uv when it installs (it resolves in seconds what takes pip ~45 s), else with pip;
   # torch is already there from pip, so the machine's own torch build is kept. DWG_PIP=1: pip only
   local py=$1; shift
-  if [ -z "${DWG_PIP:-}" ] && { [ -x "$(dirname "$py")/uv" ] || pip_install "$py" uv; }; then
-    "$(dirname "$py")/uv" pip install -q --python "$py" "$@" && return
+  local uv; uv="$(dirname "$py")/uv"
+  if [ -z "${DWG_PIP:-}" ] && { [ -x "$uv" ] || pip_install "$py" uv; }; then
+    "$uv" pip install -q --python "$py" "$@" && return
     echo "dwg: uv could not install the project; installing with pip" >&2
   fi
   pip_install "$py" "$@"
@@ -85,7 +86,7 @@ setup() {
     fi
     echo "dwg: installing the project (editable, with dev tools)"
     project_install "$py" -e '.[dev]'
-    if [ -x "$(dirname "$py")/uv" ]; then "$(dirname "$py")/uv" pip check -q --python "$py"; else "$py" -m pip check; fi
+    if [ -x "$VENV/bin/uv" ]; then "$VENV/bin/uv" pip check -q --python "$py"; else "$py" -m pip check; fi
     byte_compile "$py"
     echo "$want" > "$stamp"
   fi

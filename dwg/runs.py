@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_runs.ipynb #e4d4ddd3
 from __future__ import annotations
-import ctypes, hashlib, json, os, platform, shutil, subprocess, tempfile, time
+import ctypes, hashlib, json, os, platform, shutil, subprocess, time
 from contextlib import contextmanager
 from pathlib import Path
 import dwg

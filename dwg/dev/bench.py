@@ -216,7 +216,7 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
 def _stage_share(res: dict, run, shape: dict, readings: int = 5):
     """How near the stage's default way comes to this CPU's matrix-multiply rate: the FLOPs of one `run` (torch's FLOP
     counter: matrix products, and attention where torch counts it) at the median of `readings` of the rate at the
-    model's `shape` (`matmul_shape`, as training reads it), against its timed seconds."""
+    model's `shape` (`matmul_shape`: one hidden x intermediate product), against its timed seconds."""
     with FlopCounterMode(display=False) as counter: run()
     flops, rate = counter.get_total_flops(), statistics.median(matmul_rate(**shape) for _ in range(readings))
     res["stage_tflop"], res["stage_matmul_gflops"] = flops / 1e12, rate / 1e9

@@ -27,7 +27,7 @@ def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float
     return 2 * rows * k * n * reps / (time.perf_counter() - t0)
 
 def matmul_shape(config) -> dict:
-    "A model's own matrix-multiply shape for `matmul_rate`: hidden size x intermediate (FFN) size."
+    "A model's FFN matrix-multiply shape for `matmul_rate` (the grafting bench's reading): hidden x intermediate size."
     return dict(k=config.hidden_size, n=getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
 
 def linear_shapes(model) -> Counter:

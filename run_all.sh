@@ -44,7 +44,7 @@ USAGE
 }
 
 pip_install() {
-  # pip install, quiet, without byte-compiling (byte_compile does it on every core); drops pip's warnings about
+  # pip install, quiet, without byte-compiling (compile_job and compile_all do it on every core); drops pip's warnings about
   # configured package locations that do not exist on this machine
   local py=$1; shift
   "$py" -m pip install -q --no-compile --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
@@ -72,6 +72,29 @@ byte_compile() {
   "$py" -m compileall -qq -j 0 -x "$skip" "$lib" || true
 }
 
+PREPARE="from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
+
+compile_job() {
+  # the .pyc files of what the main job imports (a third of the venv), written by importing it in two processes, one
+  # per core, with bytecode writing on (also where PYTHONDONTWRITEBYTECODE is set); `test` compiles the rest, once.
+  # The first process also prepares the embedded model
+  local py=$1 pid
+  env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.evaluate
+import transformers.generation, transformers.models.llama.modeling_llama, safetensors.torch
+$PREPARE" & pid=$!
+  env -u PYTHONDONTWRITEBYTECODE "$py" -c "import dwg.pipeline.cli, dwg.science.recovery, dwg.science.claims
+import dwg.science.custom, faker, papermill, nbclient, ipykernel.kernelapp, vl_convert"
+  wait "$pid"
+}
+
+compile_all() {
+  # the rest of the venv's .pyc files (for the tests, which import far more than the main job), once per install
+  local stamp="$VENV/.dwg-compiled"
+  [ "$(cat "$stamp" 2>/dev/null)" = "$(cat "$VENV/.dwg-installed")" ] && return
+  echo "dwg: compiling the rest of $VENV (once)"; byte_compile "$VENV/bin/python"
+  cp "$VENV/.dwg-installed" "$stamp"
+}
+
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "dwg: creating $VENV"; "$PY" -m venv "$VENV"
@@ -87,10 +110,11 @@ setup() {
     echo "dwg: installing the project (editable, with dev tools)"
     project_install "$py" -e '.[dev]'
     if [ -x "$VENV/bin/uv" ]; then "$VENV/bin/uv" pip check -q --python "$py"; else "$py" -m pip check; fi
-    byte_compile "$py"
+    compile_job "$py"
     echo "$want" > "$stamp"
+  else
+    HF_HUB_OFFLINE=1 "$py" -c "$PREPARE"
   fi
-  HF_HUB_OFFLINE=1 "$py" -c "from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
 }
 
 cmd=${1:-run}; [ $# -gt 0 ] && shift
@@ -99,7 +123,7 @@ case "$cmd" in
   setup) setup ;;
   export) setup >/dev/null; "$VENV/bin/nbdev_export" ;;
   test)
-    setup
+    setup; compile_all
     export HF_HUB_OFFLINE=1
     echo "dwg: nbdev_test"; "$VENV/bin/nbdev_test" --n_workers 1
     "$VENV/bin/nbdev_test" --n_workers 1 --path dwg/experiments   # the experiment notebooks, with their demo defaults

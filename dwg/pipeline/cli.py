@@ -10,7 +10,7 @@ from .sweep import (SweepError, expand, graph_runs, load_sweep, make_graph, run_
                        sweep_name, sweep_profiles)
 from .runner import (NoSpace, RunBusy, SweepBusy, check_space, estimate_runs, format_status, interrupt_on_sigterm,
                         remove_runs, run_from_graph, runs_to_redo, sweep_lock)
-from .local import fmt_seconds, run_local, stage_summary
+from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
 # %% auto #0
@@ -143,6 +143,7 @@ def _run_local(args, graph: dict) -> int:
 def cmd_run(args) -> int:
     "`run`: validate everything, hold the runs directory (one sweep at a time), check its space, run or submit."
     if args.slurm and not args.dry_run: require_sbatch()          # before anything is written or run
+    if not args.slurm and not args.dry_run: start_forkserver()    # it imports papermill while the sweep is checked
     sweep = load_sweep(_which(args))
     graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
     with contextlib.nullcontext() if args.dry_run else sweep_lock(graph["runs_dir"], wait=args.wait):

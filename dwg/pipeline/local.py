@@ -12,7 +12,7 @@ from .runner import (ProgressNote, interrupt_on_sigterm, process_alive, process_
                         run_from_graph, running_text)
 
 # %% auto #0
-__all__ = ['fmt_seconds', 'stage_summary', 'run_local']
+__all__ = ['start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
 
 # %% ../../nbs/05b_local.ipynb #27a5cd3e
 def _die_with_parent():
@@ -74,6 +74,12 @@ def _forkserver():
         _FORKSERVER = multiprocessing.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(["papermill"])
     return _FORKSERVER
+
+def start_forkserver() -> None:
+    "Start the fork server now, so that it imports papermill while the sweep is being checked (where there is one)."
+    if _forkserver() is not None:
+        from multiprocessing import forkserver
+        forkserver.ensure_running()
 
 # %% ../../nbs/05b_local.ipynb #b3cbfc1e
 class _Child:

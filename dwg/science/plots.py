@@ -4,7 +4,7 @@
 
 # %% ../../nbs/06_plots.ipynb #d39fc11f
 from __future__ import annotations
-import inspect, json
+import functools, inspect, json
 from fnmatch import fnmatch
 from pathlib import Path
 import numpy as np
@@ -22,7 +22,6 @@ __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGUR
 
 # %% ../../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
-
 def plan_info(plan: str) -> GraftPlan | None:
     "The catalogue plan of that name (`paper_plans()`, or a grid name like `graft:LT@layer_3`), or None if unknown."
     return paper_plans().get(plan) or parse_method_plan(plan)
@@ -43,10 +42,10 @@ def layer_label(group: str) -> str:
     if part == "quarter" and first in _ORDINAL_LABELS: return f"{_ORDINAL_LABELS[first]} quarter"
     return f"{group.replace('_', ' ')} of layers"
 
+@functools.cache   # axis labels map every row of a table: each name is worked out once
 def plan_label(plan: str) -> str:
     "A readable plan name for axis labels."
-    info = plan_info(plan)
-    return info.display if info else plan
+    return info.display if (info := plan_info(plan)) else plan
 
 # %% ../../nbs/06_plots.ipynb #602ce272
 def metric_names(k=5, exact_match: bool = True) -> list[str]:
@@ -89,12 +88,12 @@ def accuracy_table(df: pd.DataFrame, k=5, by=("model", "dataset", "plan", "templ
     counts = counts.groupby(by, dropna=False, sort=False).sum()
     ok = keys[~skipped].join(df.loc[~skipped, ["fact_id"]]).join(metrics.loc[~skipped, names])
     per_fact = ok.groupby(by + ["fact_id"], dropna=False, sort=False)[names].mean()
-    rows = []
+    rows, levels = [], list(range(len(by)))   # each group's facts, split once below (not looked up group by group)
+    groups = {k if isinstance(k, tuple) else (k,): g.droplevel(levels)
+              for k, g in per_fact.groupby(level=levels, dropna=False, sort=False)} if len(per_fact) else {}
     for key, n in counts.iterrows():
         key = key if isinstance(key, tuple) else (key,)
-        grp = dict(zip(by, key))
-        try: facts = per_fact.xs(key, level=list(range(len(by))), drop_level=True) if len(per_fact) else per_fact.iloc[:0]
-        except KeyError: facts = per_fact.iloc[:0]
+        grp, facts = dict(zip(by, key)), groups.get(key, per_fact.iloc[:0])
         for m in names:
             vals = facts[m].dropna().to_numpy() if m in facts else np.array([])
             if not len(vals) and m != names[0]: continue
@@ -104,6 +103,7 @@ def accuracy_table(df: pd.DataFrame, k=5, by=("model", "dataset", "plan", "templ
     return pd.DataFrame(rows)
 
 # %% ../../nbs/06_plots.ipynb #460044aa
+@functools.cache   # run labels map every result row
 def short_label(name, width: int = 40) -> str:
     "A short run label part: the last path component of a model or dataset path, at most `width` characters."
     s = str(name).strip().splitlines()[0] if name is not None and name == name and str(name).strip() else "unknown"

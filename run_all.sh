@@ -13,9 +13,11 @@ Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
   status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
                  --runs DIR or --profile NAME), with the executed notebook of each failed run
-  test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
+  test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure (the first
+                 time, it byte-compiles the rest of .venv: the tests import far more than the main job)
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
-                 prepare the embedded model under $DWG_HOME (default ~/.cache/dwg)
+                 byte-compile what the main job imports, prepare the embedded model under $DWG_HOME (default
+                 ~/.cache/dwg)
   export         nbdev_export: regenerate dwg/ from nbs/ (then check `git status dwg/`)
   bench          run the grafting speed benchmark (python -m dwg.dev.bench)
   docs           set up, install docs/requirements.txt, build the documentation site into site/ (mkdocs --strict);

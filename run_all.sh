@@ -46,8 +46,8 @@ USAGE
 }
 
 pip_install() {
-  # pip install, quiet, without byte-compiling (compile_job and compile_all do it on every core); drops pip's warnings about
-  # configured package locations that do not exist on this machine
+  # pip install, quiet, without byte-compiling (compile_job and compile_all do it on every core); drops pip's
+  # warnings about configured package locations that do not exist on this machine
   local py=$1; shift
   "$py" -m pip install -q --no-compile --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }

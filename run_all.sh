@@ -79,7 +79,8 @@ PREPARE="from dwg.science.models import prepare_embedded; print('dwg: embedded m
 compile_job() {
   # the .pyc files of what the main job imports (a third of the venv), written by importing it in two processes, one
   # per core, with bytecode writing on (also where PYTHONDONTWRITEBYTECODE is set); `test` compiles the rest, once.
-  # The first process also prepares the embedded model
+  # The first process also prepares the embedded model. tests/test_structure.py checks that these imports cover the
+  # main job's notebooks' imports
   local py=$1 pid
   env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.evaluate
 import transformers.generation, transformers.models.llama.modeling_llama, safetensors.torch
@@ -135,11 +136,14 @@ case "$cmd" in
   docs)
     setup
     execute=true
-    for a in "$@"; do case "$a" in --no-execute) execute=false ;; *) echo "run_all.sh docs: unknown option '$a'"; exit 2 ;; esac; done
+    for a in "$@"; do
+      case "$a" in --no-execute) execute=false ;; *) echo "run_all.sh docs: unknown option '$a'"; exit 2 ;; esac
+    done
     project_install "$VENV/bin/python" -r docs/requirements.txt
     "$VENV/bin/python" docs/stage.py _build/docs
     t0=$SECONDS
-    HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 DWG_DOCS_EXECUTE=$execute "$VENV/bin/mkdocs" build --strict --clean -f mkdocs.yml
+    HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 DWG_DOCS_EXECUTE=$execute \
+      "$VENV/bin/mkdocs" build --strict --clean -f mkdocs.yml
     echo "dwg: documentation site in site/ (index.html), built in $((SECONDS - t0)) s"
     ;;
   status)

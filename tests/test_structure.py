@@ -139,3 +139,34 @@ def test_figures_notebook_imports_no_torch():
     assert "from dwg.runs import" in imports and "training_table" in imports   # the notebook's imports were found
     assert not _loads_torch(imports)
     assert _loads_torch(imports + "\nimport dwg.pipeline.train")   # the probe sees torch when it is imported
+
+def _notebook_imports(name: str) -> str:
+    "The import statements of an experiment notebook (dwg/experiments/<name>.ipynb), joined into one script."
+    import json
+    nb = json.loads((PACKAGE / "experiments" / f"{name}.ipynb").read_text())
+    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    return "\n".join(ast.unparse(n) for n in ast.parse(src).body if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+def _set_up_imports() -> str:
+    "The import lines `run_all.sh setup` runs to write the main job's .pyc files (its `compile_job`)."
+    import re
+    body = (PACKAGE.parent / "run_all.sh").read_text().split("compile_job() {", 1)[1].split("\n}", 1)[0]
+    return "\n".join(m.group(1) for m in re.finditer(r'^(?:.*-c ")?(import [\w., ]+)"?', body, re.M))
+
+def _venv_modules(script: str) -> set[str]:
+    "The modules from site-packages that running `script` in a fresh interpreter imports."
+    import subprocess, sys
+    probe = script + "\nimport sys\nfor n, m in list(sys.modules.items()):\n" \
+                     "    if 'site-packages' in (getattr(m, '__file__', None) or ''): print(n)"
+    return set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split())
+
+def test_set_up_compiles_what_the_main_job_imports():
+    "Every package module the main job's notebooks import is imported (so byte-compiled) by the set-up's compile_job."
+    from dwg.pipeline.sweep import STAGES, expand
+    stages = {r.stage for r in expand("embedded")}
+    job = "\n".join(_notebook_imports(STAGES[s].notebook) for s in sorted(stages))
+    set_up = _set_up_imports()
+    assert "dwg.pipeline.train" in set_up and "papermill" in set_up   # run_all.sh's lines were found
+    compiled, needed = _venv_modules(set_up), _venv_modules(job + "\nimport pip._internal.cli.main")
+    assert "torch" in needed and "pip._internal.cli.main" in needed - compiled   # the check sees a module left off
+    assert not needed - compiled - {m for m in needed if m.startswith("pip")}, sorted(needed - compiled)[:20]

@@ -119,27 +119,6 @@ def test_modules_and_functions_stay_small():
                     long.append(f"dwg.{name}.{node.name}: {n} lines")
     assert not big and not long, big + long
 
-def _figures_imports() -> str:
-    "The import lines of the figures notebook (dwg/experiments/figures.ipynb), joined into one script."
-    import json
-    nb = json.loads((PACKAGE / "experiments" / "figures.ipynb").read_text())
-    src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    return "\n".join(ast.unparse(n) for n in ast.parse(src).body if isinstance(n, (ast.Import, ast.ImportFrom)))
-
-def _loads_torch(script: str) -> bool:
-    "Whether running `script` in a fresh interpreter imports torch."
-    import subprocess, sys
-    probe = script + "\nimport sys; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return out.stdout.split()[-1] == "True"
-
-def test_figures_notebook_imports_no_torch():
-    "Drawing the figures from finished runs needs no torch: the figures stage does not pay its import (seconds)."
-    imports = _figures_imports()
-    assert "from dwg.runs import" in imports and "training_table" in imports   # the notebook's imports were found
-    assert not _loads_torch(imports)
-    assert _loads_torch(imports + "\nimport dwg.pipeline.train")   # the probe sees torch when it is imported
-
 def _notebook_imports(name: str) -> str:
     "The import statements of an experiment notebook (dwg/experiments/<name>.ipynb), joined into one script."
     import json
@@ -147,18 +126,25 @@ def _notebook_imports(name: str) -> str:
     src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     return "\n".join(ast.unparse(n) for n in ast.parse(src).body if isinstance(n, (ast.Import, ast.ImportFrom)))
 
-def _set_up_imports() -> str:
-    "The import lines `run_all.sh setup` runs to write the main job's .pyc files (its `compile_job`)."
-    import re
-    body = (PACKAGE.parent / "run_all.sh").read_text().split("compile_job() {", 1)[1].split("\n}", 1)[0]
-    return "\n".join(m.group(1) for m in re.finditer(r'^(?:.*-c ")?(import [\w., ]+)"?', body, re.M))
-
 def _venv_modules(script: str) -> set[str]:
     "The modules from site-packages that running `script` in a fresh interpreter imports."
     import subprocess, sys
     probe = script + "\nimport sys\nfor n, m in list(sys.modules.items()):\n" \
                      "    if 'site-packages' in (getattr(m, '__file__', None) or ''): print(n)"
     return set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split())
+
+def test_figures_notebook_imports_no_torch():
+    "Drawing the figures from finished runs needs no torch: the figures stage does not pay its import (seconds)."
+    imports = _notebook_imports("figures")
+    assert "from dwg.runs import" in imports and "training_table" in imports   # the notebook's imports were found
+    assert "torch" not in _venv_modules(imports)
+    assert "torch" in _venv_modules(imports + "\nimport dwg.pipeline.train")   # the probe sees torch when it is imported
+
+def _set_up_imports() -> str:
+    "The import lines `run_all.sh setup` runs to write the main job's .pyc files (its `compile_job`)."
+    import re
+    body = (PACKAGE.parent / "run_all.sh").read_text().split("compile_job() {", 1)[1].split("\n}", 1)[0]
+    return "\n".join(m.group(1) for m in re.finditer(r'^(?:.*-c ")?(import [\w., ]+)"?', body, re.M))
 
 def test_set_up_compiles_what_the_main_job_imports():
     "Every package module the main job's notebooks import is imported (so byte-compiled) by the set-up's compile_job."

@@ -79,8 +79,8 @@ PREPARE="from dwg.science.models import prepare_embedded; print('dwg: embedded m
 compile_job() {
   # the .pyc files of what the main job imports (a third of the venv), written by importing it in two processes, one
   # per core, with bytecode writing on (also where PYTHONDONTWRITEBYTECODE is set); `test` compiles the rest, once.
-  # The first process also prepares the embedded model. tests/test_structure.py checks that these imports cover the
-  # main job's notebooks' imports
+  # The first process also prepares the embedded model. tests/test_structure.py checks that these imports cover what the
+  # main job's notebooks' import statements load
   local py=$1 pid
   env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.evaluate
 import transformers.generation, transformers.models.llama.modeling_llama, safetensors.torch

@@ -52,6 +52,19 @@ def test_accuracy_table_pools_facts_not_rows():
     assert acc.n_facts.iloc[0] == 2 and acc.n.iloc[0] == 4
 
 
+def test_accuracy_table_groups_match_a_direct_computation(results):
+    "Top-1 of every group (four key columns, one of them missing in some rows) is the mean over facts of rank == 0."
+    df = results.copy()
+    df.loc[df.index[::7], "template"] = None   # a missing key is a group of its own
+    by = ["model", "dataset", "plan", "template"]
+    acc = plots.accuracy_table(df, k=5, by=by, n_boot=10)
+    got = acc[acc.metric == "top-1"].set_index(by).accuracy
+    ok = df[~df.skipped.fillna(False).astype(bool)].assign(top1=lambda d: (d["rank"] == 0).astype(float))
+    want = ok.groupby(by + ["fact_id"], dropna=False).top1.mean().groupby(level=by, dropna=False).mean()
+    assert len(got) == len(want) > 10 and df.template.isna().any()
+    pd.testing.assert_series_equal(got.sort_index(), want.reindex(got.index).sort_index(), check_names=False)
+
+
 def test_position_chart_spec(results):
     "Figure 1: ordered bars (plan x metric), error bars, PRE/SFT rules, a panel per prompt."
     d = plots.position_chart(results, k=5, n_boot=50).to_dict()

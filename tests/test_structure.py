@@ -138,7 +138,7 @@ def test_figures_notebook_imports_no_torch():
     imports = _notebook_imports("figures")
     assert "from dwg.runs import" in imports and "training_table" in imports   # the notebook's imports were found
     assert "torch" not in _venv_modules(imports)
-    assert "torch" in _venv_modules(imports + "\nimport dwg.pipeline.train")   # the probe sees torch when it is imported
+    assert "torch" in _venv_modules(imports + "\nimport dwg.pipeline.train")   # the probe can see torch
 
 def _set_up_imports() -> str:
     "The import lines `run_all.sh setup` runs to write the main job's .pyc files (its `compile_job`)."
@@ -147,12 +147,13 @@ def _set_up_imports() -> str:
     return "\n".join(m.group(1) for m in re.finditer(r'^(?:.*-c ")?(import [\w., ]+)"?', body, re.M))
 
 def test_set_up_compiles_what_the_main_job_imports():
-    "Every package module the main job's notebooks import is imported (so byte-compiled) by the set-up's compile_job."
+    """Every venv module the main job's notebooks load through their import statements is byte-compiled by compile_job
+    (what loads lazily, papermill and the kernel are covered by its other imports, not checked here)."""
     from dwg.pipeline.sweep import STAGES, expand
     stages = {r.stage for r in expand("embedded")}
     job = "\n".join(_notebook_imports(STAGES[s].notebook) for s in sorted(stages))
     set_up = _set_up_imports()
     assert "dwg.pipeline.train" in set_up and "papermill" in set_up   # run_all.sh's lines were found
-    compiled, needed = _venv_modules(set_up), _venv_modules(job + "\nimport pip._internal.cli.main")
-    assert "torch" in needed and "pip._internal.cli.main" in needed - compiled   # the check sees a module left off
-    assert not needed - compiled - {m for m in needed if m.startswith("pip")}, sorted(needed - compiled)[:20]
+    compiled, needed = _venv_modules(set_up), _venv_modules(job)
+    assert "pip._internal.cli.main" in _venv_modules("import pip._internal.cli.main") - compiled   # can fail
+    assert "torch" in needed and not needed - compiled, sorted(needed - compiled)[:20]

@@ -25,7 +25,8 @@ Commands:
   help | --help  this text
 
 Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
-  --profile NAME   sweep profile: embedded (default), smoke, paper, methods (grafting vs patching)
+  --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), breadth, custom,
+                   localize, lora, paper (docs/how-to/sweeps.md)
   --sweep FILE     a sweep YAML file instead of a packaged profile
   --runs DIR       where runs are written (default ./runs/<profile>)
   -j, --jobs N     local: run N runs at once (default: the sweep file's jobs:, else 1)
@@ -153,7 +154,7 @@ case "$cmd" in
   run|-*)
     [ "$cmd" != run ] && set -- "$cmd" "$@"
     setup
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.pipeline.cli run "$@"
+    HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} "$VENV/bin/python" -m dwg.pipeline.cli run "$@"   # HF_HUB_OFFLINE=0: hub models may download
     ;;
   *) echo "run_all.sh: unknown command '$cmd'"; usage; exit 2 ;;
 esac

@@ -84,3 +84,18 @@ def test_notebooks_name_no_tracker_issue():
                     *(ROOT / "dwg" / "sweeps").glob("*.yaml"), *(ROOT / "dwg" / "configs").glob("*.yaml")])
     assert paths
     assert not (bad := found_in(paths)), f"notebooks naming a tracker issue or ../shared: {bad}"
+
+
+def test_sweep_file_example_loads(tmp_path):
+    "The sweep file of docs/how-to/sweeps.md expands, with the packaged custom example as its `data/` files."
+    from dwg.pipeline.sweep import expand
+    text = (ROOT / "docs" / "how-to" / "sweeps.md").read_text()
+    m = re.search(r"^```yaml\n(name: my_sweep\n.*?)^```", text, re.S | re.M)
+    assert m, "docs/how-to/sweeps.md has no sweep file example (```yaml starting with name: my_sweep)"
+    (tmp_path / "data").mkdir()
+    for f in ("facts.csv", "templates.yaml"):
+        (tmp_path / "data" / f).write_text((ROOT / "dwg" / "assets" / "custom_example" / f).read_text())
+    (tmp_path / "my_sweep.yaml").write_text(m.group(1))
+    runs = expand(str(tmp_path / "my_sweep.yaml"))
+    stages = {r.stage for r in runs}
+    assert {"datasets", "models", "graft_positions", "graft_components", "graft_methods", "figures"} <= stages, stages

@@ -164,7 +164,7 @@ def _as_before(way: str):
     stack = ExitStack()
     if way == "every_row": stack.enter_context(mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None))
     if way == "donor_per_site":   # each patching plan records the sites it needs; each copies the donor's cache
-        stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models: {}))
+        stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models, seed=0: {}))
         stack.enter_context(mock.patch.object(patch_module, "_SharedCache", _CopiedAtOnce))
     return stack
 

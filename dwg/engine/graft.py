@@ -51,7 +51,11 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
             raise ValueError(f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, 'layer_I' (layer I alone), "
                              f"'from_I' (layer I to the last), or a list of indices 0..{n_layers - 1}.")
         return groups[layers]
-    idx = [layers] if isinstance(layers, int) else list(layers)
+    try: idx = [layers] if isinstance(layers, int) else list(layers)
+    except TypeError: idx = None
+    if not idx:
+        raise ValueError(f"Layer spec {layers!r} names no layer: give a group name ({', '.join(groups)}), 'layer_I', "
+                         f"'from_I', or a non-empty list of indices 0..{n_layers - 1}.")
     if (bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]):
         raise ValueError(f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name ({', '.join(groups)}).")
     bad = [i for i in idx if not -n_layers <= i < n_layers]
@@ -101,7 +105,11 @@ def _group(model, arch: dict, group: str) -> list[str]:
 def resolve_components(model, components) -> list[str]:
     "Component names from a name, module path, group, or list; errors name what this model has."
     arch, have = architecture(model), graftable(model)
-    names = [components] if isinstance(components, str) else list(components)
+    try: names = [components] if isinstance(components, str) else list(components)
+    except TypeError: names = None
+    if not names:
+        raise ValueError(f"Component spec {components!r} names no component: give a name, a group (all, "
+                         f"{', '.join(GROUPS)}) or a non-empty list of names.")
     out = []
     for c in names:
         if c == "all" or c in GROUPS: out += _group(model, arch, c)
@@ -123,8 +131,10 @@ def _is_expert_module(arch: dict, path: str, e: int) -> bool:
 _SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune)."
 
 def check_compatible(recipient, donor):
-    "Raise unless `donor` and `recipient` have the same architecture, parameter names and shapes."
+    "Raise unless `donor` and `recipient` have the same architecture, parameter names, shapes, dtypes and devices."
     if recipient is donor: return
+    if not isinstance(donor, torch.nn.Module) or not hasattr(donor, "config"):
+        raise ValueError(f"The donor must be a model (a transformers model, as dwg.load returns), got {type(donor).__name__}.")
     rt, dt = recipient.config.model_type, donor.config.model_type
     if rt != dt:
         raise ValueError(f"Donor is a {dt} model but the recipient is {rt}: grafting needs the same architecture.")
@@ -137,6 +147,9 @@ def check_compatible(recipient, donor):
         if dp[name].shape != p.shape:
             raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
                              + _SAME_MODEL_FIX)
+        if (dp[name].dtype, dp[name].device) != (p.dtype, p.device):
+            raise ValueError(f"Donor and recipient differ at '{name}': {dp[name].dtype} on {dp[name].device} vs {p.dtype} "
+                             f"on {p.device}. Fix: donor.to({p.dtype}) and donor.to('{p.device}') (or load both alike).")
 
 # %% ../../nbs/02_graft.ipynb #9b8f3acd
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:

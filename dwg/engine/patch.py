@@ -31,8 +31,11 @@ def model_sites(model) -> list[str]:
 
 def resolve_sites(model, sites) -> list[str]:
     "Site names from a name or a list; errors name the sites this model has."
-    names = [sites] if isinstance(sites, str) else list(sites)
+    try: names = [sites] if isinstance(sites, str) else list(sites)
+    except TypeError: names = None
     have = model_sites(model)
+    if not names:
+        raise ValueError(f"Site spec {sites!r} names no site: give a name or a non-empty list of {', '.join(have)}.")
     for s in names:
         if s == "resid_mid" and _parallel(model):
             raise ValueError(f"Site 'resid_mid' does not exist in this {model.config.model_type} model: its attention "

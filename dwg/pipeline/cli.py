@@ -17,9 +17,18 @@ from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_
 __all__ = ['cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
 
 # %% ../../nbs/05d_cli.ipynb #32d31906
+def _at_least(low, kind=int):
+    "An argparse type: a number of `kind` >= `low`, else an error naming the bound."
+    def parse(text: str):
+        try: v = kind(text)
+        except ValueError: v = None
+        if v is None or not v >= low: raise argparse.ArgumentTypeError(f"must be a {kind.__name__} >= {low}, got {text!r}")
+        return v
+    return parse
+
 _SLURM_OPTIONS = dict(
     partition=(str, "the partition"), time=(str, "the time limit per run (HH:MM:SS)"),
-    mem=(str, "memory per run (e.g. 8G)"), cpus=(int, "CPUs per run"), gpus=(int, "GPUs per run (0: none)"),
+    mem=(str, "memory per run (e.g. 8G)"), cpus=(_at_least(1), "CPUs per run"), gpus=(_at_least(0), "GPUs per run (0: none)"),
     setup=(str, "a shell line run before each run, e.g. activating an environment (the run then uses `python` from "
                 "PATH)"))
 
@@ -35,7 +44,7 @@ def _run_parser(sub):
     _which_sweep(r)
     r.add_argument("--runs", help="runs directory (default runs/<sweep name>)")
     r.add_argument("--notebooks", help="experiment notebooks directory (default dwg/experiments or $DWG_NOTEBOOKS)")
-    r.add_argument("-j", "--jobs", type=int, help="local: runs at once (default: the sweep file's `jobs`, else 1)")
+    r.add_argument("-j", "--jobs", type=_at_least(1), help="local: runs at once (default: the sweep file's `jobs`, else 1)")
     r.add_argument("--slurm", action="store_true", help="submit to Slurm: one job array per stage")
     r.add_argument("--wait", action="store_true",
                    help="another sweep running on the runs directory: wait for it to end (without --wait: exit 2); "
@@ -48,7 +57,7 @@ def _run_parser(sub):
     r.add_argument("--dry-run", action="store_true",
                    help="expand and check; with --slurm write the sbatch scripts, submit nothing")
     r.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
-    r.add_argument("--log-every", type=float, default=60, metavar="S",
+    r.add_argument("--log-every", type=_at_least(0.0, float), default=60, metavar="S",
                    help="without a terminal (logs, CI), print the running runs' progress at most every S seconds "
                         "(default 60)")
 
@@ -72,7 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 def _runs_dir(args, name: str) -> Path:
-    return Path(args.runs or Path("runs") / name).resolve()
+    "The runs directory of a command: --runs, else runs/<sweep name>; a file there is an error."
+    d = Path(args.runs or Path("runs") / name).resolve()
+    if d.exists() and not d.is_dir():
+        raise SweepError(f"--runs {d} is a file, not a directory: give a runs directory (it is made if missing).")
+    return d
 
 def _which(args) -> str:
     return args.sweep or args.profile or "embedded"

@@ -4,12 +4,13 @@
 
 # %% ../../nbs/04a_config.ipynb #651d8fa2
 from __future__ import annotations
-import dataclasses, difflib, hashlib, importlib.resources, os, typing
+import dataclasses, difflib, hashlib, importlib.resources, math, os, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
 from transformers import TrainingArguments
 from transformers.trainer_utils import SchedulerType
+from transformers.training_args import OptimizerNames
 
 # %% auto #0
 __all__ = ['PRECISIONS', 'LORA_KEYS', 'TrainConfig', 'config_keys', 'make_config', 'configs_dir', 'training_profiles',
@@ -68,7 +69,8 @@ class TrainConfig:
                                                  # target_modules (see LORA_KEYS); empty: full fine-tune
 
 LORA_KEYS = dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear")   # defaults of a profile's `lora:`
-_CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType))
+_CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType),
+                optim=tuple(o.value for o in OptimizerNames))
 _RESERVED_TRAINER_KEYS = ("output_dir", "seed", "data_seed")
 
 def config_keys() -> list[str]:
@@ -88,6 +90,8 @@ def _coerce(key: str, typ: str, value, source: str):
             try: value = float(value)
             except ValueError: raise bad() from None
         if not isinstance(value, (int, float)): raise bad()
+        if not math.isfinite(value):
+            raise ValueError(f"Training setting '{key}' in {source} must be a finite number, got {value!r}.")
         if typ == "int":
             if float(value) != int(value): raise bad()
             return int(value)
@@ -169,6 +173,10 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     for k in positive:
         if getattr(cfg, k) <= 0:
             raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
+    for k, low in (("weight_decay", 0), ("max_grad_norm", 0), ("min_steps", 0), ("warmup_steps", 0), ("length_chunk", 1),
+                   ("recall_facts", -1)):
+        if getattr(cfg, k) < low:
+            raise ValueError(f"Training setting '{k}' in {source} must be >= {low}, got {getattr(cfg, k)}.")
     if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
     if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
         raise ValueError(f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "

@@ -17,7 +17,7 @@ from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_components, resolve_layers
 from ..engine.arch import architecture, decoder_layers
 from ..engine.patch import patch, resolve_sites
-from .plans import (Rule, expand_plans, get_plan, resolve_plans, resolve_positions, kept_layers, MissingSpan,
+from .plans import (Rule, expand_plans, get_plan, get_plans, resolve_plans, resolve_positions, kept_layers, MissingSpan,
                               check_plan_roles, example_roles, unknown_roles)
 from ..runs import report_progress, reusing_freed_memory, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
@@ -102,21 +102,24 @@ def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: 
     """An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch, and given the `whole` batch
     when the base model runs only its last columns) context per rule of `plan`."""
     base, donors = _bind(plan, models)
-    stack = ExitStack()
-    for rule, donor, mask in zip(plan.rules, donors, masks):
-        layers = _rule_layers(rule, base, seed)
-        if rule.method == "patch":
-            stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs, whole=whole))
-        else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
-    return stack
+    with ExitStack() as stack:   # a rule that fails to enter unhooks the rules entered before it
+        for rule, donor, mask in zip(plan.rules, donors, masks):
+            layers = _rule_layers(rule, base, seed)
+            if rule.method == "patch":
+                stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs, whole=whole))
+            else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
+        return stack.pop_all()
 
-def patched_sites(plans: list, models: dict) -> dict[int, set]:
-    "The sites `plans` patch from each donor (by id): one recording pass of a donor on a chunk gives them all."
+def patched_sites(plans: list, models: dict, seed: int = 0) -> dict[int, set]:
+    """The sites `plans` patch from each donor (by id): one recording pass of a donor on a chunk gives them all. Every
+    rule's models, layers, components and sites are resolved on the way: a bad one fails before any work."""
     sites = {}
     for plan in plans:
         base, donors = _bind(plan, models)
         for rule, donor in zip(plan.rules, donors):
+            _rule_layers(rule, base, seed)
             if rule.method == "patch": sites.setdefault(id(donor), set()).update(resolve_sites(base, rule.sites))
+            else: resolve_components(base, rule.components)
     return sites
 
 # %% ../../nbs/03_evaluate.ipynb #b9544b72
@@ -349,16 +352,15 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     `generate`: True (every plan), False, or the names of the plans that also decode the whole name.
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
     without a role its plan names is a skipped row."""
-    plans = [get_plan(p) for p in plans]
-    for p in plans: _bind(p, models)  # fail before any work if a model role is missing
+    plans = get_plans(plans)
+    sites = patched_sites(plans, models, kw.get("seed", 0))   # fails before any work on a missing model or a bad spec
     check_plan_roles(plans, example_roles(examples) if roles is None else roles)   # ... or a position role none has
-    device = next(iter(models.values())).device
-    rows = {p.name: [None] * len(examples) for p in plans}
+    device, rows = next(iter(models.values())).device, {p.name: [None] * len(examples) for p in plans}
     order = length_order(tokenizer, examples) if by_length else list(range(len(examples)))
     generating = lambda p: generate if isinstance(generate, bool) else p.name in generate
     first_layer = lambda p: (first_grafted_layer(p, models, kw.get("seed", 0))   # where its replay starts (0: none)
                              if kw.get("replay_layers", True) and not generating(p) else 0)
-    done, total, sites = 0, len(plans) * len(examples), patched_sites(plans, models)
+    done, total = 0, len(plans) * len(examples)
     bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}   # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)

@@ -178,8 +178,16 @@ def _load_adapter(path: Path, dtype, device):
 def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, device=None, seed: int = 0):
     "Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad token."
     device = torch.device(device) if device is not None else default_device()
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}.")
     dtype = dtype or torch.float32
-    name = str(name_or_path)
+    name = os.path.expanduser(str(name_or_path))
+    if Path(name).is_file():
+        raise ValueError(f"'{name}' is a file; give a checkpoint directory (the one holding config.json), a known name "
+                         "or a hub id.")
+    if name.startswith((".", "/")) and not Path(name).exists():
+        raise FileNotFoundError(f"No checkpoint directory '{Path(name).resolve()}'. Check the path (relative to "
+                                f"{Path.cwd()}), or give a known name: {', '.join(available())}.")
     adapter = adapter_dir(name)
     if adapter is not None and name not in TINY_MODELS and name != EMBEDDED: return _load_adapter(adapter, dtype, device)
     if name in TINY_MODELS: model, tok = tiny_model(name, seed)

@@ -18,7 +18,7 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
            'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
            'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups',
            'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan',
-           'load_plan_file', 'get_plan', 'expand_plans', 'among', 'resolve_plans']
+           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'among', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -90,6 +90,12 @@ class Rule:
         check_positions(self.positions)
         if self.method not in METHODS:
             raise ValueError(f"Unknown method '{self.method}' in a rule: use 'graft' (weights) or 'patch' (activations).")
+        if isinstance(self.layer_dropout, bool) or not isinstance(self.layer_dropout, (int, float)) \
+                or not 0 <= self.layer_dropout < 1:
+            raise ValueError(f"A rule's layer_dropout must be a number in [0, 1) (the share of its layers left out), "
+                             f"got {self.layer_dropout!r}.")
+        if self.dropout_strategy not in ("random", "count"):
+            raise ValueError(f"Unknown dropout_strategy '{self.dropout_strategy}' in a rule: use 'random' or 'count'.")
 
 @dataclass
 class GraftPlan:
@@ -99,6 +105,9 @@ class GraftPlan:
     rules: list = field(default_factory=list)
 
     def __post_init__(self):
+        if not isinstance(self.rules, (list, tuple)) or not all(isinstance(r, (Rule, dict)) for r in self.rules):
+            raise ValueError(f"Plan '{self.name}': rules must be a list of rules (Rule objects or mappings with donor, "
+                             f"positions, layers, ...), got {self.rules!r}.")
         self.rules = [r if isinstance(r, Rule) else _from_dict(Rule, r, "rule") for r in self.rules]
 
     def to_dict(self) -> dict: return asdict(self)
@@ -319,6 +328,15 @@ def get_plan(plan) -> GraftPlan:
     raise ValueError(f"Unknown plan '{plan}'. Known plans: {', '.join(catalog)}; grid plans METHOD:POSITION@layer_I or "
                      f"@from_I (METHOD in {', '.join(COMPARED_METHODS)}; POSITION in {', '.join(METHOD_POSITIONS)}); "
                      "or give a dict/GraftPlan.")
+
+def get_plans(plans: list) -> list[GraftPlan]:
+    "Each plan of a list (see `get_plan`); a single plan, or two plans of one name (their rows would mix), is an error."
+    if isinstance(plans, (str, dict, GraftPlan)):
+        raise ValueError(f"plans must be a list of plans (names, GraftPlan objects or plan files), got one: pass [{plans!r}].")
+    plans = [get_plan(p) for p in plans]
+    if (twice := sorted({p.name for p in plans if [q.name for q in plans].count(p.name) > 1})):
+        raise ValueError(f"Plan name(s) {twice} appear more than once: give every plan its own name.")
+    return plans
 
 def expand_plans(plans: list, n_layers: int) -> list:
     "`plans` with each depth-dependent family name (`DEPTH_FAMILIES`) replaced by its plan names for `n_layers` layers."

@@ -10,15 +10,22 @@ from pathlib import Path
 import dwg
 
 # %% auto #0
-__all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'atomic_write',
-           'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json', 'report_progress', 'read_progress',
+__all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'file_problem',
+           'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json', 'report_progress', 'read_progress',
            'reusing_freed_memory', 'git_commit', 'file_digest', 'output_digests', 'write_run_record', 'is_finished',
            'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models', 'training_row', 'training_table']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
+def file_problem(path, what: str) -> str | None:
+    "Why `path` is not a readable file (`what` names it: 'Facts file'), or None when it is one."
+    p = Path(path)
+    if p.is_dir(): return f"{what} '{p}' is a directory; give the file itself."
+    return None if p.is_file() else f"{what} '{p}' does not exist."
+
 def atomic_write(path, text: str | bytes) -> Path:
     "Write `text` (or bytes) to `path` through a temporary file in the same directory and an atomic rename."
     path = Path(path)
+    if path.is_dir(): raise IsADirectoryError(f"'{path}' is a directory; give the path of the file to write.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")   # opened as any new file: umask's mode
     try:

@@ -133,8 +133,8 @@ _SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base
 def check_compatible(recipient, donor):
     "Raise unless `donor` and `recipient` have the same architecture, parameter names, shapes, dtypes and devices."
     if recipient is donor: return
-    if not isinstance(donor, torch.nn.Module) or not hasattr(donor, "config"):
-        raise ValueError(f"The donor must be a model (a transformers model, as dwg.load returns), got {type(donor).__name__}.")
+    if not hasattr(donor, "config") or not hasattr(donor, "named_parameters"):   # a model, or a LoRA DonorView
+        raise ValueError(f"The donor must be a model (as dwg.load returns) or a LoRA adapter, got {type(donor).__name__}.")
     rt, dt = recipient.config.model_type, donor.config.model_type
     if rt != dt:
         raise ValueError(f"Donor is a {dt} model but the recipient is {rt}: grafting needs the same architecture.")
@@ -417,6 +417,9 @@ def as_mask(mask) -> torch.Tensor:
     "A bool (batch, seq) tensor, or a clear error."
     mask = torch.as_tensor(mask)
     if mask.dim() != 2: raise ValueError(f"Graft mask must be (batch, seq) like input_ids; got shape {tuple(mask.shape)}.")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError(f"Graft mask must hold True/False (or 1/0) per token; got {mask.dtype} values such as "
+                         f"{mask[(mask != 0) & (mask != 1)][0].item()}.")
     return mask.bool()
 
 def check_batch_hook(mask):

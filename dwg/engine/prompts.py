@@ -8,7 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'token_positions', 'prepare']
+__all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'token_positions', 'check_example', 'prepare']
 
 # %% ../../nbs/01b_prompts.ipynb #p005
 def _pad_id(tokenizer) -> int:
@@ -68,8 +68,23 @@ def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: boo
         out[field] = idx
     return out
 
+def check_example(e) -> None:
+    "Raise, naming the example and the fix, unless `e` has a non-empty prompt and target and spans of (start, end)."
+    if not isinstance(e, dict):
+        raise ValueError(f"An example is a dict with prompt, target and spans; got {type(e).__name__} {e!r:.80} "
+                         "(one example? pass a list holding it).")
+    for key in ("prompt", "target"):
+        if not isinstance(e.get(key), str) or not e[key]:
+            raise ValueError(f"Example {e.get('prompt')!r:.80} needs a non-empty string '{key}', got {e.get(key)!r}.")
+    spans = e.get("spans", {})
+    pair = lambda s: isinstance(s, (list, tuple)) and len(s) == 2 and all(isinstance(x, int) for x in s)
+    if not isinstance(spans, dict) or not all(pair(s) for s in spans.values()):
+        raise ValueError(f"Example {e['prompt']!r:.80}: spans must map each role to its (start, end) character offsets "
+                         f"in the prompt, e.g. {{'first_actor': [0, 11]}}; got {spans!r:.80}.")
+
 def prepare(tokenizer, examples: list[dict], device=None) -> dict:
-    "Tokenize a chunk of evaluation examples once: batch, per-example field token positions, target ids."
+    "Tokenize a chunk of evaluation examples once (each checked): batch, per-example field token positions, target ids."
+    for e in examples: check_example(e)
     enc = encode(tokenizer, [e["prompt"] for e in examples], device)
     enc["fields"] = [token_positions(tokenizer, e["prompt"], e.get("spans", {})) for e in examples]
     enc["targets"] = [target_token_ids(tokenizer, e["prompt"], e["target"]) for e in examples]

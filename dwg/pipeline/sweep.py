@@ -12,7 +12,7 @@ from ..science import plans as plans_mod
 from ..science.data import DIRECTIONS
 import dwg
 from ..science import custom, data
-from ..runs import atomic_write, check_outputs, is_finished, read_json
+from ..runs import atomic_write, check_outputs, file_problem, is_finished, read_json
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATION_TRAINING', 'SECTIONS', 'TOP_KEYS',
@@ -84,9 +84,10 @@ def stage_plans(plans, stage: str, where: str) -> list[str]:
 
 # %% ../../nbs/05_sweep.ipynb #1f994b24
 def _problems_keys(d, allowed, where: str) -> list[str]:
-    "One message per key of `d` not in `allowed`."
+    "One message naming the keys of `d` not in `allowed` (none: no message)."
     if not isinstance(d, dict): return [f"{where} must be a mapping, got {type(d).__name__}."]
-    return [f"{where}: unknown key '{k}'. Valid keys: {', '.join(allowed)}." for k in d if k not in allowed]
+    bad = [k for k in d if k not in allowed]
+    return [f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(repr, bad))}. Valid keys: {', '.join(allowed)}."] if bad else []
 
 def _pair(p, models: list, datasets: list, where: str) -> tuple:
     "One entry of `pairs:` ([model, dataset] or {model, dataset}) as a checked (model, dataset) tuple."
@@ -115,7 +116,7 @@ def _read_sweep(sweep) -> tuple[dict, str]:
         if str(sweep) not in sweep_profiles():
             raise SweepError(f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; or a YAML file.")
         p = sweeps_dir() / f"{sweep}.yaml"
-    if not p.is_file(): raise SweepError(f"Sweep file '{p}' does not exist.")
+    if (why := file_problem(p, "Sweep file")): raise SweepError(why)
     try: raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e: raise SweepError(f"Sweep file '{p}' is not valid YAML: {e}") from None
     if not isinstance(raw, dict): raise SweepError(f"Sweep file '{p}' must hold a mapping at the top level.")
@@ -273,8 +274,7 @@ def _check_sections(s: dict, problems: list):
         for k, v in stages.items(): problems += _problems_keys(v, SLURM_KEYS, f"slurm.stages.{k}")
 
 def _raise_problems(source: str, problems: list):
-    if problems:
-        raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    if problems: raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
 def load_sweep(sweep) -> dict:
     "A validated sweep with defaults filled in, from a profile name, a YAML path or a dict."

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 import dwg
 from .data import ASSETS, assign_splits, hold_out, leaked_names, render, template_fields, write_dataset
+from ..runs import file_problem
 
 # %% auto #0
 __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLATE_KEYS', 'read_facts', 'read_templates',
@@ -72,7 +73,7 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
 def read_facts(path) -> list[dict]:
     "The facts of a JSONL or CSV file: one dict per row (its fields as text, plus `line`, its line in the file)."
     p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"Facts file '{p}' does not exist.")
+    if (why := file_problem(p, "Facts file")): raise FileNotFoundError(why)
     if p.suffix.lower() not in (".jsonl", ".csv"):
         raise ValueError(f"Facts file '{p}': use a .jsonl (one JSON object per line) or .csv (a header row) file.")
     text = p.read_text(encoding="utf-8-sig")
@@ -102,7 +103,7 @@ def _roles(entry, raw: dict, name: str, where: str) -> dict:
 def read_templates(path) -> dict:
     "A templates YAML file -> {first_entity, target, train: {name: template}, eval: {name: {template, first_entity, target}}}."
     p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"Templates file '{p}' does not exist.")
+    if (why := file_problem(p, "Templates file")): raise FileNotFoundError(why)
     try: raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e: raise ValueError(f"Templates file '{p}' is not valid YAML: {e}") from None
     if not isinstance(raw, dict): raise ValueError(f"Templates file '{p}' must hold a mapping ({', '.join(TEMPLATE_KEYS)}).")

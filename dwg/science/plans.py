@@ -311,7 +311,8 @@ def save_plan(plan: GraftPlan, path) -> Path:
 def load_plan_file(path) -> GraftPlan:
     "The plan in a YAML/JSON plan file, or a clear error."
     p = Path(path)
-    if not p.is_file(): raise ValueError(f"Plan file '{p}' does not exist.")
+    from dwg.runs import file_problem
+    if (why := file_problem(p, "Plan file")): raise ValueError(why)
     try: d = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e: raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
     if not isinstance(d, dict): raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")

@@ -182,6 +182,9 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
         raise ValueError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}.")
     dtype = dtype or torch.float32
     name = os.path.expanduser(str(name_or_path))
+    if seed and name not in TINY_MODELS:
+        raise ValueError(f"seed={seed} draws the random weights of a tiny model ({', '.join(TINY_MODELS)}); '{name}' has "
+                         "trained weights, which a seed does not change. Drop seed, or load the model you mean.")
     if Path(name).is_file():
         raise ValueError(f"'{name}' is a file; give a checkpoint directory (the one holding config.json), a known name "
                          "or a hub id.")

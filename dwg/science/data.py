@@ -442,7 +442,7 @@ def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
-    if out.is_file() or out.is_dir() and any(out.iterdir()) and not (out / "dataset_info.json").is_file():
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "dataset_info.json").is_file()):
         raise FileExistsError(f"'{out}' exists and is not a dataset directory (no dataset_info.json), so overwrite=True "
                               "does not replace it. Choose another out_dir, or remove it yourself.")
     ds = build()

@@ -5,10 +5,12 @@
 # %% ../../nbs/02a_plans.ipynb #10a939b9
 from __future__ import annotations
 import json, random
+from collections import Counter
 from pathlib import Path
 import yaml
 import re
 from dataclasses import asdict, dataclass, field
+from ..runs import atomic_write, file_problem
 
 # %% auto #0
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
@@ -305,13 +307,11 @@ def is_plan_file(plan) -> bool:
 
 def save_plan(plan: GraftPlan, path) -> Path:
     "Write `plan` as a YAML plan file (atomically), readable by `get_plan`, `evaluate_plans` and a sweep's `plans:`."
-    from dwg.runs import atomic_write
     return atomic_write(path, yaml.safe_dump(json.loads(json.dumps(plan.to_dict())), sort_keys=False))
 
 def load_plan_file(path) -> GraftPlan:
     "The plan in a YAML/JSON plan file, or a clear error."
     p = Path(path)
-    from dwg.runs import file_problem
     if (why := file_problem(p, "Plan file")): raise ValueError(why)
     try: d = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e: raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
@@ -335,7 +335,7 @@ def get_plans(plans: list) -> list[GraftPlan]:
     if isinstance(plans, (str, dict, GraftPlan)):
         raise ValueError(f"plans must be a list of plans (names, GraftPlan objects or plan files), got one: pass [{plans!r}].")
     plans = [get_plan(p) for p in plans]
-    if (twice := sorted({p.name for p in plans if [q.name for q in plans].count(p.name) > 1})):
+    if (twice := sorted(name for name, n in Counter(p.name for p in plans).items() if n > 1)):
         raise ValueError(f"Plan name(s) {twice} appear more than once: give every plan its own name.")
     return plans
 

@@ -19,6 +19,7 @@ Commands:
                  byte-compile what the main job imports, prepare the embedded model under $DWG_HOME (default
                  ~/.cache/dwg)
   export         nbdev_export: regenerate dwg/ from nbs/ (then check `git status dwg/`)
+  lint           ruff format --check and ruff check on the notebooks, tests and scripts (test runs it first)
   bench          run the grafting speed benchmark (python -m dwg.dev.bench)
   docs           set up, install docs/requirements.txt, build the documentation site into site/ (mkdocs --strict);
                  --no-execute shows the tutorials without running them
@@ -121,11 +122,21 @@ setup() {
   fi
 }
 
+LINTED=(nbs tests scripts dwg/experiments docs/stage.py)   # the sources: dwg/ is exported from nbs/
+lint() {
+  # the formatter and the linter (settings in pyproject.toml: line length, rules, complexity) on the sources
+  echo "dwg: ruff format --check and ruff check"
+  "$VENV/bin/ruff" format --check -q "${LINTED[@]}" || {
+    echo "dwg: run '$VENV/bin/ruff format ${LINTED[*]}', then ./run_all.sh export" >&2; return 1; }
+  "$VENV/bin/ruff" check -q "${LINTED[@]}"
+}
+
 cmd=${1:-run}; [ $# -gt 0 ] && shift
 case "$cmd" in
   help|-h|--help) usage ;;
   setup) setup ;;
   export) setup >/dev/null; "$VENV/bin/nbdev_export" ;;
+  lint) setup >/dev/null; lint ;;
   test)
     setup; compile_all
     export HF_HUB_OFFLINE=1

@@ -10,6 +10,7 @@ The pages are written in `docs/` so that they also read well on a code host; MkD
   whose module is missing are dropped.
 Nothing here imports dwg; the staged directory is git-ignored and rebuilt from scratch every time.
 """
+
 from __future__ import annotations
 import json, re, shutil, sys
 from pathlib import Path
@@ -27,13 +28,16 @@ def rewrite_images(text: str) -> str:
 def notebook_links(text: str) -> str:
     """A notebook page is served at `<name>/` and its markdown links are not resolved by MkDocs: relative links get one
     more `../`, and `page.md` / `notebook.ipynb` become the pages' directory URLs."""
+
     def fix(m):
         target, anchor = (m.group(1).split("#", 1) + [""])[:2]
-        if re.match(r"^[a-z]+:|^/", target) or not target: return m.group(0)
+        if re.match(r"^[a-z]+:|^/", target) or not target:
+            return m.group(0)
         if target.endswith(".md") or target.endswith(".ipynb"):
             target = re.sub(r"(^|/)index\.md$", r"\1", target)
             target = re.sub(r"\.(md|ipynb)$", "/", target)
         return f"](../{target}{'#' + anchor if anchor else ''})"
+
     return re.sub(r"\]\(([^)\s]+)\)", fix, text)
 
 
@@ -43,7 +47,7 @@ def stage_notebook(src: Path, dst: Path):
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            for target in re.findall(r"\]\(([^)\s#]+)", text):   # MkDocs does not check these: fail here instead
+            for target in re.findall(r"\]\(([^)\s#]+)", text):  # MkDocs does not check these: fail here instead
                 if not re.match(r"^[a-z]+:|^/", target) and not (src.parent / target).exists():
                     raise SystemExit(f"docs: {src.relative_to(ROOT)} links to {target}, which does not exist")
             cell["source"] = notebook_links(rewrite_images(text))
@@ -58,9 +62,11 @@ def clean_notebook(nb: dict) -> dict:
         if cell["cell_type"] == "code":
             lines = src.splitlines()
             directives = [l for l in lines if l.startswith("#|")]
-            if any(re.match(r"#\|\s*(hide|exporti|default_exp)\b", l) for l in directives): continue
+            if any(re.match(r"#\|\s*(hide|exporti|default_exp)\b", l) for l in directives):
+                continue
             src = "\n".join(l for l in lines if not l.startswith("#|")).strip("\n")
-            if not src: continue
+            if not src:
+                continue
         cells.append({**cell, "source": src})
     return {**nb, "cells": cells}
 
@@ -68,11 +74,13 @@ def clean_notebook(nb: dict) -> dict:
 def notebook_title(nb: dict, fallback: str) -> tuple[str, str]:
     "The first markdown cell's `# title` and its first `> summary` line (nbdev's convention), if any."
     for cell in nb["cells"]:
-        if cell["cell_type"] != "markdown": continue
+        if cell["cell_type"] != "markdown":
+            continue
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         title = re.search(r"^#\s+(.+)$", src, re.M)
         summary = re.search(r"^>\s*(.+)$", src, re.M)
-        if title: return title.group(1).strip(), summary.group(1).strip() if summary else ""
+        if title:
+            return title.group(1).strip(), summary.group(1).strip() if summary else ""
     return fallback, ""
 
 
@@ -89,11 +97,13 @@ def stage_notebooks(out: Path):
         "# Module notebooks\n\nThe package is written as [nbdev](https://nbdev.fast.ai) notebooks in `nbs/`: each "
         "exports one module of `dwg` and explains it, with the tests that run on it. They are shown here as written "
         "(not executed), without nbdev's directives and hidden cells. To change the package, edit a notebook and run "
-        "`./run_all.sh export`.\n\n| notebook | title | summary |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+        "`./run_all.sh export`.\n\n| notebook | title | summary |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def stage(out: Path) -> Path:
-    if out.exists(): shutil.rmtree(out)
+    if out.exists():
+        shutil.rmtree(out)
     out.mkdir(parents=True)
     for src in DOCS.rglob("*"):
         rel = src.relative_to(DOCS)

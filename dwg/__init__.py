@@ -11,45 +11,73 @@ __doc__ = """Dynamic weight grafting: run a pretrained model with a fine-tuned m
 layers and components, to find where the fine-tuned model keeps and retrieves what it learned.
 
 Public API (each name is loaded on first use): see `dwg.__all__`; `help(dwg.graft)` etc. for each."""
-import importlib, importlib.util
+import importlib
+import importlib.util
 
-_API = {   # public name -> the module that defines it
-    "graft": "engine.graft", "patch": "engine.patch", "architecture": "engine.arch", "graftable": "engine.graft",
+_API = {  # public name -> the module that defines it
+    "graft": "engine.graft",
+    "patch": "engine.patch",
+    "architecture": "engine.arch",
+    "graftable": "engine.graft",
     "Grid": "engine.interpolate",
-    "load": "science.models", "available": "science.models", "prepare_embedded": "science.models",
-    "create_dataset": "science.data", "load_split": "science.data",
-    "create_custom_dataset": "science.custom", "example_files": "science.custom",
-    "GraftPlan": "science.plans", "Rule": "science.plans", "get_plan": "science.plans", "save_plan": "science.plans",
-    "paper_plans": "science.plans", "plan_groups": "science.plans",
-    "evaluate_plans": "science.evaluate", "summarize": "science.evaluate", "run_grafting": "science.evaluate",
-    "attribute": "science.localize", "search": "science.localize", "scan": "science.localize",
+    "load": "science.models",
+    "available": "science.models",
+    "prepare_embedded": "science.models",
+    "create_dataset": "science.data",
+    "load_split": "science.data",
+    "create_custom_dataset": "science.custom",
+    "example_files": "science.custom",
+    "GraftPlan": "science.plans",
+    "Rule": "science.plans",
+    "get_plan": "science.plans",
+    "save_plan": "science.plans",
+    "paper_plans": "science.plans",
+    "plan_groups": "science.plans",
+    "evaluate_plans": "science.evaluate",
+    "summarize": "science.evaluate",
+    "run_grafting": "science.evaluate",
+    "attribute": "science.localize",
+    "search": "science.localize",
+    "scan": "science.localize",
     "cells_plan": "science.localize",
-    "recovery_table": "science.recovery", "accuracy_table": "science.plots", "load_runs": "science.plots",
+    "recovery_table": "science.recovery",
+    "accuracy_table": "science.plots",
+    "load_runs": "science.plots",
     "claims_table": "science.claims",
-    "paper_figures": "science.plots", "position_chart": "science.plots", "component_chart": "science.plots",
+    "paper_figures": "science.plots",
+    "position_chart": "science.plots",
+    "component_chart": "science.plots",
     "load_sweep": "pipeline.sweep",
 }
 __all__ = sorted(_API)
 _EXTRAS = {"altair": "plots", "vl_convert": "plots", "papermill": "pipeline", "faker": "paper"}
-_NEEDS = {"science.plots": "altair", "science.recovery": "altair"}   # modules that import an extra at once
+_NEEDS = {"science.plots": "altair", "science.recovery": "altair"}  # modules that import an extra at once
+
 
 def __getattr__(name: str):
     "Load a public name's module on first use (and say which extra to install when a dependency is missing)."
-    if name not in _API: raise AttributeError(f"module 'dwg' has no attribute {name!r}")
-    try: module = importlib.import_module(f"dwg.{_API[name]}")
+    if name not in _API:
+        raise AttributeError(f"module 'dwg' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"dwg.{_API[name]}")
     except ModuleNotFoundError as e:
         extra = _EXTRAS.get((e.name or "").split(".")[0])
-        if extra is None: raise
-        raise ModuleNotFoundError(f"dwg.{name} needs {e.name}, which comes with an extra: pip install 'dwg[{extra}]' "
-                                  "(or 'dwg[all]').", name=e.name) from None
+        if extra is None:
+            raise
+        raise ModuleNotFoundError(
+            f"dwg.{name} needs {e.name}, which comes with an extra: pip install 'dwg[{extra}]' (or 'dwg[all]').",
+            name=e.name,
+        ) from None
     value = getattr(module, name)
     globals()[name] = value
     return value
+
 
 def _installed(name: str) -> bool:
     "Whether the public `name` can load here (its module needs no extra that is missing)."
     need = _NEEDS.get(_API[name])
     return need is None or importlib.util.find_spec(need) is not None
+
 
 def __dir__() -> list[str]:
     "The module's names and every public name that loads with what is installed (so `help(dwg)` works on the core)."

@@ -4,7 +4,14 @@
 
 # %% ../nbs/08_runs.ipynb #e4d4ddd3
 from __future__ import annotations
-import ctypes, hashlib, json, os, platform, shutil, subprocess, time
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
 from contextlib import contextmanager
 from pathlib import Path
 import dwg
@@ -19,22 +26,29 @@ __all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT
 def file_problem(path, what: str) -> str | None:
     "Why `path` is not a readable file (`what` names it: 'Facts file'), or None when it is one."
     p = Path(path)
-    if p.is_dir(): return f"{what} '{p}' is a directory; give the file itself."
+    if p.is_dir():
+        return f"{what} '{p}' is a directory; give the file itself."
     return None if p.is_file() else f"{what} '{p}' does not exist."
+
 
 def atomic_write(path, text: str | bytes) -> Path:
     "Write `text` (or bytes) to `path` through a temporary file in the same directory and an atomic rename."
     path = Path(path)
-    if path.is_dir(): raise IsADirectoryError(f"'{path}' is a directory; give the path of the file to write.")
+    if path.is_dir():
+        raise IsADirectoryError(f"'{path}' is a directory; give the path of the file to write.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")   # opened as any new file: umask's mode
+    tmp = path.with_name(
+        f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    )  # opened as any new file: umask's mode
     try:
-        with open(tmp, "xb" if isinstance(text, bytes) else "x") as f: f.write(text)
+        with open(tmp, "xb" if isinstance(text, bytes) else "x") as f:
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
 
 def publish_dir(tmp_dir, final_dir) -> Path:
     "Move the complete directory `tmp_dir` to `final_dir` atomically; an existing `final_dir` is replaced."
@@ -43,64 +57,87 @@ def publish_dir(tmp_dir, final_dir) -> Path:
         os.replace(tmp_dir, final_dir)
         return final_dir
     old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-    os.replace(final_dir, old)        # a directory cannot be renamed over a non-empty one: swap in two renames
+    os.replace(final_dir, old)  # a directory cannot be renamed over a non-empty one: swap in two renames
     os.replace(tmp_dir, final_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final_dir
+
 
 def write_jsonl(path, rows) -> Path:
     "Write rows as JSON lines, atomically."
     return atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
+
 def read_jsonl(path) -> list[dict]:
     "Read a JSON-lines file; a broken line is an error naming the file and the line."
     rows = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip(): continue
-        try: rows.append(json.loads(line))
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). The file is damaged "
-                             "(truncated or edited by hand): recreate it, e.g. by rerunning the run that wrote it.") from None
+            raise ValueError(
+                f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). The file is damaged "
+                "(truncated or edited by hand): recreate it, e.g. by rerunning the run that wrote it."
+            ) from None
     return rows
 
 # %% ../nbs/08_runs.ipynb #a74625d2
 def read_json(path):
     "Read a JSON file; a damaged one is an error naming the file."
-    try: return json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}). The file is damaged (truncated or "
-                         "edited by hand): restore or delete it.") from None
+        raise ValueError(
+            f"{path}: not valid JSON ({e.msg}, line {e.lineno}). The file is damaged (truncated or "
+            "edited by hand): restore or delete it."
+        ) from None
 
 # %% ../nbs/08_runs.ipynb #b2d1f8e3
 PROGRESS_FILE_VAR = "DWG_PROGRESS_FILE"
 
+
 def report_progress(what: str, done: int, total: int) -> None:
     "Write `what done/total` to the file named by `$DWG_PROGRESS_FILE`, if set (a sweep shows it on its bar)."
     path = os.environ.get(PROGRESS_FILE_VAR)
-    if not path: return
-    try: atomic_write(path, f"{what} {done}/{total}")
-    except OSError: pass  # progress is best effort: never fail a run over it
+    if not path:
+        return
+    try:
+        atomic_write(path, f"{what} {done}/{total}")
+    except OSError:
+        pass  # progress is best effort: never fail a run over it
+
 
 def read_progress(path) -> str | None:
     "The last progress line written to `path`, or None."
-    try: return Path(path).read_text().strip() or None
-    except OSError: return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
 
 # %% ../nbs/08_runs.ipynb #cfc7b848
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
 
 def _glibc():
     "The C library when it is glibc (the allocator `reusing_freed_memory` tunes), else None."
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc": return None
-    try: return ctypes.CDLL("libc.so.6")
-    except OSError: return None
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
 
 _MALLOC_OWN = {"MALLOC_MMAP_MAX_": "glibc.malloc.mmap_max", "MALLOC_TRIM_THRESHOLD_": "glibc.malloc.trim_threshold"}
+
 
 def _malloc_set_by_user() -> bool:
     "Whether the process was started with its own value of a setting the block changes (variable or glibc tunable)."
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     return any(os.environ.get(var) or f"{tunable}=" in tunables for var, tunable in _MALLOC_OWN.items())
+
 
 @contextmanager
 def reusing_freed_memory(on: bool = True):
@@ -109,36 +146,48 @@ def reusing_freed_memory(on: bool = True):
     with your own value of a setting it changes in the environment (kept as you set it), or `on=False`: nothing."""
     libc = _glibc() if on and not _malloc_set_by_user() else None
     if libc is None:
-        yield; return
-    libc.mallopt(M_MMAP_MAX, 0); libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
-    try: yield
+        yield
+        return
+    libc.mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield
     finally:
-        libc.mallopt(M_MMAP_MAX, 65536); libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024); libc.malloc_trim(0)
+        libc.mallopt(M_MMAP_MAX, 65536)
+        libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+        libc.malloc_trim(0)
 
 # %% ../nbs/08_runs.ipynb #3ccbfc2d
-RECORD = "run.json"   # written last by every run: the mark that it finished, with a checksum of each output
+RECORD = "run.json"  # written last by every run: the mark that it finished, with a checksum of each output
 # files in a run directory that are not outputs: the record itself, the sweep's bookkeeping, executed notebooks
 NOT_OUTPUTS = (RECORD, "sweep_run.json", "progress.txt", "FAILED")
+
 
 def git_commit() -> str | None:
     "The git commit of the dwg source tree, if it is a git checkout."
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(dwg.__file__).parent, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(dwg.__file__).parent, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError): return None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
 
 def _is_output(rel: Path) -> bool:
     "Whether a file (path relative to its run directory) is one of the run's outputs."
     hidden = any(part.startswith(".") for part in rel.parts)
     return not hidden and rel.name not in NOT_OUTPUTS and rel.suffix != ".ipynb"
 
+
 def file_digest(path) -> dict:
     "Size and sha256 of a file."
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     return dict(size=Path(path).stat().st_size, sha256=h.hexdigest())
+
 
 def output_digests(out_dir) -> dict[str, dict]:
     "Size and sha256 of every output file under `out_dir`, by path relative to it."
@@ -146,15 +195,24 @@ def output_digests(out_dir) -> dict[str, dict]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and _is_output(p.relative_to(root)))
     return {str(p.relative_to(root)): file_digest(p) for p in files}
 
+
 def _as_json(x):
     "A set as its sorted list (JSON has no sets), anything else JSON cannot hold as its text."
     return sorted(x, key=str) if isinstance(x, (set, frozenset)) else str(x)
 
+
 def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
     "Write `run.json` (config, version, commit, host, wall time, outputs' checksums, extras) last: a finished run."
-    record = dict(config=config, dwg_version=dwg.__version__, git_commit=git_commit(), host=platform.node(),
-                  started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-                  wall_seconds=round(time.time() - started, 2), outputs=output_digests(out_dir), **extra)
+    record = dict(
+        config=config,
+        dwg_version=dwg.__version__,
+        git_commit=git_commit(),
+        host=platform.node(),
+        started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        wall_seconds=round(time.time() - started, 2),
+        outputs=output_digests(out_dir),
+        **extra,
+    )
     return atomic_write(Path(out_dir) / RECORD, json.dumps(record, indent=1, sort_keys=True, default=_as_json))
 
 # %% ../nbs/08_runs.ipynb #c147d442
@@ -162,30 +220,39 @@ def is_finished(out_dir) -> bool:
     "Whether `out_dir` holds a finished run (its `run.json` exists); `run_integrity` also checks its outputs."
     return (Path(out_dir) / RECORD).is_file()
 
+
 def check_outputs(out_dir) -> list[str]:
     "One message per output of a finished run that is missing or no longer matches its record ([] if intact)."
-    try: recorded = json.loads((Path(out_dir) / RECORD).read_text()).get("outputs") or {}
-    except (OSError, ValueError) as e: return [f"{Path(out_dir) / RECORD} cannot be read ({e})"]
+    try:
+        recorded = json.loads((Path(out_dir) / RECORD).read_text()).get("outputs") or {}
+    except (OSError, ValueError) as e:
+        return [f"{Path(out_dir) / RECORD} cannot be read ({e})"]
     problems = []
     for rel, want in recorded.items():
         path = Path(out_dir) / rel
-        if not path.is_file(): problems.append(f"{path} is missing")
+        if not path.is_file():
+            problems.append(f"{path} is missing")
         elif path.stat().st_size != want["size"]:
             problems.append(f"{path} has {path.stat().st_size} bytes, the run wrote {want['size']}")
-        elif file_digest(path)["sha256"] != want["sha256"]: problems.append(f"{path} changed after the run finished")
+        elif file_digest(path)["sha256"] != want["sha256"]:
+            problems.append(f"{path} changed after the run finished")
     return problems
+
 
 def run_integrity(out_dir) -> str:
     "'missing' (no finished run), 'corrupt' (outputs differ from the record) or 'ok'."
-    if not is_finished(out_dir): return "missing"
+    if not is_finished(out_dir):
+        return "missing"
     return "corrupt" if check_outputs(out_dir) else "ok"
 
 # %% ../nbs/08_runs.ipynb #bc2bafa2
-TRAIN_SUMMARY = "train_summary.json"   # written last by `dwg.pipeline.train.train`, into its work directory
+TRAIN_SUMMARY = "train_summary.json"  # written last by `dwg.pipeline.train.train`, into its work directory
+
 
 def has_train_summary(out_dir) -> bool:
     "Whether `out_dir` holds a model `train` finished (its `train_summary.json`; not the sweep's `run.json`)."
     return (Path(out_dir) / TRAIN_SUMMARY).is_file()
+
 
 def trained_models(run_dirs) -> list[Path]:
     "The training runs (directories with a `train_summary.json`) that finished grafting runs `run_dirs` used as models."
@@ -193,25 +260,39 @@ def trained_models(run_dirs) -> list[Path]:
     for d in map(Path, run_dirs):
         models_of = json.loads((d / RECORD).read_text()).get("config", {}).get("models") or {}
         for p in map(Path, map(str, models_of.values())):
-            if has_train_summary(p) and p not in out: out.append(p)
+            if has_train_summary(p) and p not in out:
+                out.append(p)
     return out
+
 
 def _run_name(model_dir: Path) -> str:
     "A training run's name in a sweep: `models/<id>` for `.../models/<id>/model`, else the directory's name."
     return f"{model_dir.parent.parent.name}/{model_dir.parent.name}" if model_dir.name == "model" else model_dir.name
+
 
 def training_row(model_dir) -> dict:
     "One training run's data, method, precision, time, speed (share of this machine's ceiling) and recall of its facts."
     d = Path(model_dir)
     s, info = json.loads((d / TRAIN_SUMMARY).read_text()), d / "dataset" / "dataset_info.json"
     final, speed, lora = s.get("final") or {}, s.get("throughput") or {}, s.get("lora")
-    return dict(run=_run_name(d), dataset=json.loads(info.read_text()).get("kind") if info.is_file() else None,
-                split=s.get("split"), method=f"LoRA r{lora['r']}" if lora else "full", precision=s.get("precision"),
-                epochs=s.get("epochs_done"), wall_s=s.get("wall_time_s"), tokens_per_s=speed.get("tokens_per_s"),
-                ceiling_ratio=speed.get("ratio"), recall_top1=final.get("recall_top1"),
-                recall_top5=final.get("recall_top5"), recall_prob=final.get("recall_prob"))
+    return dict(
+        run=_run_name(d),
+        dataset=json.loads(info.read_text()).get("kind") if info.is_file() else None,
+        split=s.get("split"),
+        method=f"LoRA r{lora['r']}" if lora else "full",
+        precision=s.get("precision"),
+        epochs=s.get("epochs_done"),
+        wall_s=s.get("wall_time_s"),
+        tokens_per_s=speed.get("tokens_per_s"),
+        ceiling_ratio=speed.get("ratio"),
+        recall_top1=final.get("recall_top1"),
+        recall_top5=final.get("recall_top5"),
+        recall_prob=final.get("recall_prob"),
+    )
+
 
 def training_table(model_dirs):
     "`training_row` of each training run as a DataFrame, rounded for reading."
-    import pandas as pd   # here, not above: the command line and every run import this module
+    import pandas as pd  # here, not above: the command line and every run import this module
+
     return pd.DataFrame([training_row(d) for d in model_dirs]).round(3)

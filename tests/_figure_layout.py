@@ -3,6 +3,7 @@
 A test-only inspector that does not reuse dwg.science.plots: it asks Vega where every bar, rule and axis label landed and
 checks the picture a reader gets (bars inside their category's band, labels in order, reference rules drawn).
 """
+
 from __future__ import annotations
 from dataclasses import dataclass, field
 
@@ -12,27 +13,34 @@ import vl_convert as vlc
 @dataclass
 class Panel:
     "One plotting area: its box, the marks drawn in it (by mark name) and the axis labels along its edges."
+
     x: float
     y: float
     width: float
     height: float
-    marks: dict = field(default_factory=dict)   # mark name -> list of items (absolute x, y, x2, y2, width, height)
-    x_labels: list = field(default_factory=list)   # (text, absolute x) of the category axis below or above the panel
-    y_labels: list = field(default_factory=list)   # (text, absolute y) of the axis left of the panel
+    marks: dict = field(default_factory=dict)  # mark name -> list of items (absolute x, y, x2, y2, width, height)
+    x_labels: list = field(default_factory=list)  # (text, absolute x) of the category axis below or above the panel
+    y_labels: list = field(default_factory=list)  # (text, absolute y) of the axis left of the panel
 
     def items(self, kind: str, layer: str | None = None) -> list[dict]:
         "Items of marks whose type is `kind` ('rect', 'rule', ...), optionally only layers whose name contains `layer`."
-        return [it for (name, mtype), its in self.marks.items() for it in its
-                if mtype == kind and (layer is None or layer in name)]
+        return [
+            it
+            for (name, mtype), its in self.marks.items()
+            for it in its
+            if mtype == kind and (layer is None or layer in name)
+        ]
 
 
 def _abs(item: dict, ox: float, oy: float) -> dict:
     "An item's geometry in absolute coordinates."
     out = dict(item)
     for k in ("x", "x2"):
-        if k in item: out[k] = ox + item[k]
+        if k in item:
+            out[k] = ox + item[k]
     for k in ("y", "y2"):
-        if k in item: out[k] = oy + item[k]
+        if k in item:
+            out[k] = oy + item[k]
     return out
 
 
@@ -44,7 +52,9 @@ def _walk(mark: dict, ox: float, oy: float, cells: list, axes: list, titles: lis
         x, y = ox + it.get("x", 0), oy + it.get("y", 0)
         role = mark.get("role")
         if role == "axis":
-            labels = [_abs(t, x, y) for m in it.get("items", []) if m.get("role") == "axis-label" for t in m.get("items", [])]
+            labels = [
+                _abs(t, x, y) for m in it.get("items", []) if m.get("role") == "axis-label" for t in m.get("items", [])
+            ]
             axes.append(dict(orient=it.get("orient"), x=x, y=y, labels=labels))
             continue
         if role == "title":
@@ -110,9 +120,11 @@ def misplaced(panel: Panel, kind: str = "rect", axis: str = "x", layer: str | No
     bad = []
     for it in panel.items(kind, layer):
         if axis == "x":
-            a = it["x"]; b = it.get("x2", a + it.get("width", 0))
+            a = it["x"]
+            b = it.get("x2", a + it.get("width", 0))
         else:
-            a = it["y"]; b = it.get("y2", a + it.get("height", 0))
+            a = it["y"]
+            b = it.get("y2", a + it.get("height", 0))
         a, b = min(a, b), max(a, b)
         mid = (a + b) / 2
         band = next((bd for bd in bands if bd[1] - tol <= mid <= bd[2] + tol), None)

@@ -1,5 +1,9 @@
 "Shared helpers of tests/test_sweep.py and tests/test_slurm.py: stand-in sweeps, CLI calls, result tables."
-import json, os, subprocess, sys
+
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 import yaml
 from dwg.runs import read_jsonl
@@ -10,14 +14,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Two datasets, one tiny model; SFT models for both, position grafting on both, component grafting on d1, figures.
 STANDIN_SWEEP = dict(
-    name="standin", models=["tiny-llama"],
-    datasets=dict(d1=dict(kind="fake_movies_fake_actors", n_facts=4, seed=0),
-                  d2=dict(kind="fake_movies_fake_actors", n_facts=4, seed=1)),
-    train=dict(config="tiny", relation_model="half"),   # three models on d1 (SFT on all facts, task, relation)
+    name="standin",
+    models=["tiny-llama"],
+    datasets=dict(
+        d1=dict(kind="fake_movies_fake_actors", n_facts=4, seed=0),
+        d2=dict(kind="fake_movies_fake_actors", n_facts=4, seed=1),
+    ),
+    train=dict(config="tiny", relation_model="half"),  # three models on d1 (SFT on all facts, task, relation)
     graft_positions=dict(plans=["PRE", "SFT", "FE", "LT", "FE+LT"]),
     graft_components=dict(pairs=[["tiny-llama", "d1"]], plans=["TASK", "RELATION", "LT:o+ffn@all"]),
     figures=dict(k=5),
-    slurm=dict(time="00:05:00", mem="1G", cpus=1))
+    slurm=dict(time="00:05:00", mem="1G", cpus=1),
+)
 
 
 def standin_setup(tmp_path, **changes):
@@ -32,8 +40,15 @@ def sweep_cli(*args, env=None, timeout=600, cwd=REPO, **kw):
     "Run `python -m dwg.pipeline.cli ARGS` (in the repo unless `cwd`); the CompletedProcess (text)."
     e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     e.pop("IN_TEST", None)
-    return subprocess.run([sys.executable, "-m", "dwg.pipeline.cli", *map(str, args)], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "dwg.pipeline.cli", *map(str, args)],
+        cwd=cwd,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def states(runs_dir):
@@ -53,7 +68,8 @@ def marker_snapshot(runs_dir):
     out = {}
     for r in graph_runs(read_graph(runs_dir)):
         m = run_paths(runs_dir, r)["out"] / "run.json"
-        if m.is_file(): out[str(m)] = (m.stat().st_mtime_ns, m.read_text())
+        if m.is_file():
+            out[str(m)] = (m.stat().st_mtime_ns, m.read_text())
     return out
 
 
@@ -61,8 +77,10 @@ def results_table(runs_dir):
     "{(stage, plan, fact_id, template): (rank, prob)} over the grafting runs' results.jsonl."
     out = {}
     for r in graph_runs(read_graph(runs_dir)):
-        if not r.stage.startswith("graft_"): continue
+        if not r.stage.startswith("graft_"):
+            continue
         for row in read_jsonl(run_paths(runs_dir, r)["out"] / "results.jsonl"):
-            if row.get("skipped"): continue
+            if row.get("skipped"):
+                continue
             out[(r.stage, row["plan"], row["fact_id"], row.get("template"))] = (row["rank"], row["prob"])
     return out

@@ -1,8 +1,13 @@
 """The user documentation: README's example runs as written, and no document names a tracker issue or a path outside
 the repository."""
-import ast, json, os, re, subprocess, sys
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # a tracker reference: "issue" or "issues" and a number (any case, "#" allowed); "../shared": a path outside the repository
@@ -21,14 +26,16 @@ def test_readme_snippet_runs(tmp_path):
     script = tmp_path / "readme_example.py"
     script.write_text(readme_snippet())
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, f"README's example failed:\n{r.stdout}\n{r.stderr}"
     assert r.stdout.strip(), "README's example printed nothing"
 
 
 def hits(text: str) -> list[str]:
     "Each forbidden phrase in `text`, with a little context."
-    return [text[max(0, m.start() - 40):m.end() + 40].replace("\n", " ") for m in FORBIDDEN.finditer(text)]
+    return [text[max(0, m.start() - 40) : m.end() + 40].replace("\n", " ") for m in FORBIDDEN.finditer(text)]
 
 
 def notebook_text(path: Path) -> str:
@@ -48,14 +55,20 @@ def found_in(paths) -> dict[str, list[str]]:
     out = {}
     for path in paths:
         text = notebook_text(path) if path.suffix == ".ipynb" else path.read_text(errors="replace")
-        if h := hits(text): out[str(path.relative_to(ROOT))] = h
+        if h := hits(text):
+            out[str(path.relative_to(ROOT))] = h
     return out
 
 
 def doc_files() -> list[Path]:
     "README, mkdocs.yml and every page and notebook under docs/."
-    docs = [p for p in (ROOT / "docs").rglob("*") if p.is_file() and p.suffix in (".md", ".ipynb", ".yml", ".yaml", ".txt", ".py")
-            and ".ipynb_checkpoints" not in p.parts]
+    docs = [
+        p
+        for p in (ROOT / "docs").rglob("*")
+        if p.is_file()
+        and p.suffix in (".md", ".ipynb", ".yml", ".yaml", ".txt", ".py")
+        and ".ipynb_checkpoints" not in p.parts
+    ]
     return [ROOT / "README.md", ROOT / "mkdocs.yml", *docs]
 
 
@@ -74,14 +87,21 @@ def module_docstrings(path: Path) -> str:
 def test_docstrings_name_no_tracker_issue():
     bad = {}
     for path in sorted((ROOT / "dwg").rglob("*.py")):
-        if h := hits(module_docstrings(path)): bad[str(path.relative_to(ROOT))] = h
+        if h := hits(module_docstrings(path)):
+            bad[str(path.relative_to(ROOT))] = h
     assert not bad, f"docstrings naming a tracker issue or ../shared: {bad}"
 
 
 def test_notebooks_name_no_tracker_issue():
     "The module and experiment notebooks, and the packaged sweep and training profiles (users read their comments)."
-    paths = sorted([*(ROOT / "nbs").rglob("*.ipynb"), *(ROOT / "dwg" / "experiments").glob("*.ipynb"),
-                    *(ROOT / "dwg" / "sweeps").glob("*.yaml"), *(ROOT / "dwg" / "configs").glob("*.yaml")])
+    paths = sorted(
+        [
+            *(ROOT / "nbs").rglob("*.ipynb"),
+            *(ROOT / "dwg" / "experiments").glob("*.ipynb"),
+            *(ROOT / "dwg" / "sweeps").glob("*.yaml"),
+            *(ROOT / "dwg" / "configs").glob("*.yaml"),
+        ]
+    )
     assert paths
     assert not (bad := found_in(paths)), f"notebooks naming a tracker issue or ../shared: {bad}"
 
@@ -89,6 +109,7 @@ def test_notebooks_name_no_tracker_issue():
 def test_sweep_file_example_loads(tmp_path):
     "The sweep file of docs/how-to/sweeps.md expands, with the packaged custom example as its `data/` files."
     from dwg.pipeline.sweep import expand
+
     text = (ROOT / "docs" / "how-to" / "sweeps.md").read_text()
     m = re.search(r"^```yaml\n(name: my_sweep\n.*?)^```", text, re.S | re.M)
     assert m, "docs/how-to/sweeps.md has no sweep file example (```yaml starting with name: my_sweep)"

@@ -1,7 +1,9 @@
 """The grafting engine against the original token-by-token algorithm (dwg.dev.coverage's reference), on every tiny architecture."""
+
 import random
 from contextlib import ExitStack
-import pytest, torch
+import pytest
+import torch
 from dwg.science.models import load, TINY_MODELS
 from dwg.engine.graft import graft, graftable, resolve_components, check_compatible
 from dwg.dev.coverage import reference_last_logits
@@ -18,7 +20,8 @@ def _donor(name, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in don.parameters():
-            if p.dim() == 1: p.add_(0.2 * torch.randn(p.shape, generator=g))
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
     return don
 
 
@@ -55,7 +58,8 @@ def _engine(rec, tok, grafts):
         with ExitStack() as stack:
             for don, masks, layers, comps in grafts:
                 full = torch.zeros_like(ids, dtype=torch.bool)
-                for i, (m, pad) in enumerate(zip(masks, enc["pads"])): full[i, pad:] = m
+                for i, (m, pad) in enumerate(zip(masks, enc["pads"])):
+                    full[i, pad:] = m
                 stack.enter_context(graft(rec, don, full, layers=layers, components=comps))
             return last_logits(rec, enc["batch"])
 
@@ -81,7 +85,8 @@ def test_each_component_alone_matches_reference(pair):
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
     masks = [torch.rand(n, generator=torch.Generator().manual_seed(i)) < 0.5 for i, n in enumerate(lens)]
-    for m in masks: m[-1] = True   # the last position grafted too, so ln_final and lm_head count
+    for m in masks:
+        m[-1] = True  # the last position grafted too, so ln_final and lm_head count
     for comp in graftable(rec):
         got = _engine(rec, tok, [(don, masks, "all", [comp])])
         for i, p in enumerate(PROMPTS[:1]):
@@ -135,6 +140,7 @@ def test_table_covers_every_parameter(pair):
     rec, _, _ = pair
     covered = set()
     from dwg.engine.graft import _targets
+
     for r, *_ in _targets(rec, rec, "all", "all"):
         covered |= {id(p) for p in r.parameters(recurse=False)}
     missing = [n for n, p in rec.named_parameters() if id(p) not in covered]
@@ -143,7 +149,8 @@ def test_table_covers_every_parameter(pair):
 
 def test_tied_embeddings_graft_separately():
     "With tied weights, grafting embed leaves lm_head alone and vice versa (checked against the untied reference)."
-    rec, tok = load("tiny-llama"); don, _ = load("tiny-llama", seed=1)
+    rec, tok = load("tiny-llama")
+    don, _ = load("tiny-llama", seed=1)
     assert rec.get_input_embeddings().weight is rec.get_output_embeddings().weight
     ids = torch.tensor(tok(PROMPTS[0])["input_ids"])
     mask = torch.ones(1, len(ids), dtype=torch.bool)
@@ -171,24 +178,29 @@ def test_neox_fused_qkv_layout_is_per_head():
     mask = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         plain = rec(input_ids=ids).logits
-        with graft(rec, don, mask, components=["q"]): q_only = rec(input_ids=ids).logits
-        with graft(rec, don, mask, components=["k"]): k_only = rec(input_ids=ids).logits
+        with graft(rec, don, mask, components=["q"]):
+            q_only = rec(input_ids=ids).logits
+        with graft(rec, don, mask, components=["k"]):
+            k_only = rec(input_ids=ids).logits
     assert torch.allclose(plain, q_only, atol=1e-6) and not torch.allclose(plain, k_only, atol=1e-3)
 
 
 def test_gpt2_fused_qkv_columns():
     "GPT-2: perturb only the v columns of c_attn; grafting q or k changes nothing, v does."
-    rec, tok = load("tiny-gpt2"); don, _ = load("tiny-gpt2")
+    rec, tok = load("tiny-gpt2")
+    don, _ = load("tiny-gpt2")
     d = rec.config.n_embd
     with torch.no_grad():
-        for block in don.transformer.h: block.attn.c_attn.weight[:, 2 * d:] += torch.randn_like(block.attn.c_attn.weight[:, 2 * d:])
+        for block in don.transformer.h:
+            block.attn.c_attn.weight[:, 2 * d :] += torch.randn_like(block.attn.c_attn.weight[:, 2 * d :])
     ids = torch.tensor([tok(PROMPTS[0])["input_ids"]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         plain = rec(input_ids=ids).logits
         outs = {}
         for c in ["q", "k", "v"]:
-            with graft(rec, don, mask, components=[c]): outs[c] = rec(input_ids=ids).logits
+            with graft(rec, don, mask, components=[c]):
+                outs[c] = rec(input_ids=ids).logits
     assert torch.allclose(plain, outs["q"]) and torch.allclose(plain, outs["k"])
     assert (plain - outs["v"]).abs().max() > 1e-3
 
@@ -199,7 +211,9 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="same architecture"):
         check_compatible(rec, gpt2)
     import transformers
-    cfg = rec.config.to_dict(); cfg["intermediate_size"] = 96
+
+    cfg = rec.config.to_dict()
+    cfg["intermediate_size"] = 96
     other = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.gate_proj\.weight"):
         check_compatible(rec, other)

@@ -1,5 +1,6 @@
 import socket
-import pytest, torch
+import pytest
+import torch
 from dwg.science import models
 
 
@@ -25,7 +26,8 @@ def test_embedded_architecture():
 def test_local_checkpoint_roundtrip(tmp_path):
     "A saved model directory loads back with the same weights (how fine-tuned models are used)."
     model, tok = models.load("tiny-gpt2", seed=3)
-    model.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
     again, tok2 = models.load(tmp_path)
     for (n, p), (_, q) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(p, q), n
@@ -35,11 +37,13 @@ def test_local_checkpoint_roundtrip(tmp_path):
 def test_sweep_training_run_directory_loads(tmp_path):
     "A sweep's training run directory (the checkpoint in its model/) loads; a directory without a model is named."
     model, tok = models.load("tiny-llama", seed=3)
-    model.save_pretrained(tmp_path / "run" / "model"); tok.save_pretrained(tmp_path / "run" / "model")
+    model.save_pretrained(tmp_path / "run" / "model")
+    tok.save_pretrained(tmp_path / "run" / "model")
     again, _ = models.load(tmp_path / "run")
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="holds no model"): models.load(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="holds no model"):
+        models.load(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("name", list(models.TINY_MODELS))
@@ -54,7 +58,10 @@ def test_tiny_models_differ_by_seed_and_family(name):
 
 def test_hub_model_offline_fails_without_a_connection(monkeypatch):
     "With HF_HUB_OFFLINE=1 a hub model that is not cached is a clear error, and no connection is even attempted."
-    def no_network(*args, **kwargs): raise AssertionError(f"a connection was attempted: {args}")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"a connection was attempted: {args}")
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(socket, "create_connection", no_network)
     with pytest.raises(RuntimeError, match="work offline"):
@@ -66,9 +73,11 @@ def test_hub_model_offline_fails_without_a_connection(monkeypatch):
 def test_unreachable_hub_is_probed_once_with_a_timeout(monkeypatch):
     "Without HF_HUB_OFFLINE an unreachable hub costs one short connection attempt, then the same clear error."
     calls = []
+
     def unreachable(address, timeout=None):
         calls.append((address, timeout))
         raise OSError("network is unreachable")
+
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(socket, "create_connection", unreachable)
     with pytest.raises(RuntimeError, match="no model hub is reachable"):

@@ -1,4 +1,5 @@
-import json, re
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ from dwg.science import plots, recovery
 from dwg.pipeline import sweep
 from dwg.dev import testing
 from dwg.science import plans
-from dwg.science.plans import FAMILIES, QUARTERS, GraftPlan, PaperPlan, Rule
+from dwg.science.plans import FAMILIES, QUARTERS, PaperPlan, Rule
 
 NB = Path(__file__).resolve().parents[1] / "dwg" / "experiments" / "figures.ipynb"
 
@@ -40,13 +41,17 @@ def test_accuracy_table_bootstrap(results):
         a = plots.accuracy_table(testing.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
         r = a[a.metric == "top-1"].iloc[0]
         return r.hi - r.lo
+
     assert width(200) < width(20) / 2
 
 
 def test_accuracy_table_pools_facts_not_rows():
     "Pooling prompts averages each fact first: a fact with more rows does not weigh more."
-    df = pd.DataFrame(dict(plan="X", fact_id=["a", "a", "a", "b"], template=["t1", "t2", "t3", "t1"],
-                           rank=[0, 0, 0, 9], skipped=False))
+    df = pd.DataFrame(
+        dict(
+            plan="X", fact_id=["a", "a", "a", "b"], template=["t1", "t2", "t3", "t1"], rank=[0, 0, 0, 9], skipped=False
+        )
+    )
     acc = plots.accuracy_table(df, k=5, by=["plan"], n_boot=50)
     assert acc.set_index("metric").loc["top-1", "accuracy"] == 0.5  # (1 + 0) / 2 facts, not 3/4 rows
     assert acc.n_facts.iloc[0] == 2 and acc.n.iloc[0] == 4
@@ -55,7 +60,7 @@ def test_accuracy_table_pools_facts_not_rows():
 def test_accuracy_table_groups_match_a_direct_computation(results):
     "Top-1 of every group (four key columns, one of them missing in some rows) is the mean over facts of rank == 0."
     df = results.copy()
-    df.loc[df.index[::7], "template"] = None   # a missing key is a group of its own
+    df.loc[df.index[::7], "template"] = None  # a missing key is a group of its own
     by = ["model", "dataset", "plan", "template"]
     acc = plots.accuracy_table(df, k=5, by=by, n_boot=10)
     got = acc[acc.metric == "top-1"].set_index(by).accuracy
@@ -82,7 +87,15 @@ def test_position_chart_spec(results):
 def test_other_chart_specs(results):
     "Figures 2-5: the right plans, marks, encodings and facets."
     d2 = plots.movie_chart(results, templates="pool", n_boot=50).to_dict()
-    assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == ["FE", "LT", "FE+LT", "M", "FE+M", "M+LT", "FE+M+LT"]
+    assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == [
+        "FE",
+        "LT",
+        "FE+LT",
+        "M",
+        "FE+M",
+        "M+LT",
+        "FE+M+LT",
+    ]
     d3 = plots.component_chart(results, n_boot=50).to_dict()
     assert d3["facet"]["row"]["field"] == "panel" and d3["facet"]["column"]["field"] == "variant"
     assert _layers(d3)[0]["encoding"]["xOffset"]["field"] == "layers"
@@ -111,28 +124,61 @@ def test_save_chart_offline(results, tmp_path):
 def _write_run(d: Path, rows: pd.DataFrame, finished=True):
     d.mkdir(parents=True)
     (d / "results.jsonl").write_text(rows.to_json(orient="records", lines=True))
-    if finished: (d / "run.json").write_text(json.dumps({"config": {}}))
+    if finished:
+        (d / "run.json").write_text(json.dumps({"config": {}}))
 
 
 def test_figures_notebook(tmp_path, results):
     "The figures notebook reads finished runs only, saves every figure and writes tables that match accuracy_table."
     import papermill as pm
+
     runs, out = tmp_path / "runs", tmp_path / "figs"
     pos = results[results.experiment == "positions"]
     _write_run(runs / "results" / "pos1", pos)
     _write_run(runs / "results" / "comp1", results[results.experiment == "components"])
-    _write_run(runs / "results" / "half", pos.assign(rank=0), finished=False)   # no run.json: must be ignored
-    pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
-                        parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200), progress_bar=False)
-    names = ["positions", "positions_all_prompts", "movie_spans", "components", "depth", "generation", "methods",
-             "positions_recovery", "movie_spans_recovery", "components_recovery", "depth_recovery", "methods_recovery",
-             "methods_pairs"]
-    assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | \
-        {"accuracy.csv", "positions.csv", "components.csv", "methods.csv", "recovery.csv", "claims.csv", "tables.md", "run.json"}
-    for n in names:   # every PNG is a picture of a chart: a real size, and far more than a blank canvas compresses to
+    _write_run(runs / "results" / "half", pos.assign(rank=0), finished=False)  # no run.json: must be ignored
+    pm.execute_notebook(
+        str(NB),
+        str(tmp_path / "out.ipynb"),
+        cwd=str(NB.parent),
+        kernel_name="python3",
+        parameters=dict(runs_dir=str(runs), out_dir=str(out), k=5, n_boot=200),
+        progress_bar=False,
+    )
+    names = [
+        "positions",
+        "positions_all_prompts",
+        "movie_spans",
+        "components",
+        "depth",
+        "generation",
+        "methods",
+        "positions_recovery",
+        "movie_spans_recovery",
+        "components_recovery",
+        "depth_recovery",
+        "methods_recovery",
+        "methods_pairs",
+    ]
+    assert {p.name for p in out.iterdir()} == {f"{n}.{f}" for n in names for f in ("png", "svg", "html")} | {
+        "accuracy.csv",
+        "positions.csv",
+        "components.csv",
+        "methods.csv",
+        "recovery.csv",
+        "claims.csv",
+        "tables.md",
+        "run.json",
+    }
+    for n in names:  # every PNG is a picture of a chart: a real size, and far more than a blank canvas compresses to
         png = (out / f"{n}.png").read_bytes()
         width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-        assert png[:4] == b"\x89PNG" and width >= 300 and height >= 150 and len(png) > 15_000, (n, width, height, len(png))
+        assert png[:4] == b"\x89PNG" and width >= 300 and height >= 150 and len(png) > 15_000, (
+            n,
+            width,
+            height,
+            len(png),
+        )
     record = json.loads((out / "run.json").read_text())
     assert record["synthetic_data"] is False and len(record["runs"]) == 2
     assert "SYNTHETIC" not in (out / "positions.svg").read_text()
@@ -148,8 +194,10 @@ def test_figures_notebook(tmp_path, results):
     assert set(long.template) == {"relation_statement", "costar", "all prompts"}
     # recovery.csv: the position run against PRE/SFT, the component run against TASK/RELATION, checked by hand
     rec = pd.read_csv(out / "recovery.csv").set_index("plan")
-    for run, checked, (base, full) in [(pos, ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"], ("PRE", "SFT")),
-                                       (results[results.experiment == "components"], ["LT:o+ffn@all"], ("TASK", "RELATION"))]:
+    for run, checked, (base, full) in [
+        (pos, ["graft:LT@fourth_quarter", "patch-resid:FE@first_quarter"], ("PRE", "SFT")),
+        (results[results.experiment == "components"], ["LT:o+ffn@all"], ("TASK", "RELATION")),
+    ]:
         ok = run[~run.skipped.astype(bool)]
         lp = ok.groupby(["plan", "fact_id"]).logprob.mean().unstack("plan")
         for plan in checked:
@@ -157,23 +205,39 @@ def test_figures_notebook(tmp_path, results):
             assert abs(rec.loc[plan, "recovery"] - (v[plan] - v[base]) / (v[full] - v[base])) < 1e-9
             assert rec.loc[plan, "lo"] <= rec.loc[plan, "recovery"] <= rec.loc[plan, "hi"]
             assert (rec.loc[plan, "base"], rec.loc[plan, "full"]) == (base, full)
-    assert got.loc["SFT", "recovery"] == "1.00 [1.00, 1.00]" and "mean prob" in got   # beside accuracy in the tables
+    assert got.loc["SFT", "recovery"] == "1.00 [1.00, 1.00]" and "mean prob" in got  # beside accuracy in the tables
     assert "Grafting vs activation patching" in md and "| graft | LT |" in md
 
 
 def test_figures_notebook_no_results(tmp_path):
     "With no finished results it fails clearly when synthetic='never' (the demo mode is run by nbdev_test)."
     import papermill as pm
+
     with pytest.raises(pm.PapermillExecutionError, match="No finished results"):
-        pm.execute_notebook(str(NB), str(tmp_path / "out.ipynb"), cwd=str(NB.parent), kernel_name="python3",
-                            parameters=dict(runs_dir=str(tmp_path), out_dir=str(tmp_path / "f"), synthetic="never"),
-                            progress_bar=False)
+        pm.execute_notebook(
+            str(NB),
+            str(tmp_path / "out.ipynb"),
+            cwd=str(NB.parent),
+            kernel_name="python3",
+            parameters=dict(runs_dir=str(tmp_path), out_dir=str(tmp_path / "f"), synthetic="never"),
+            progress_bar=False,
+        )
 
 
 def _movie_depth_family():
     "A new plan family: the fine-tuned FFNs at the movie title, one layer quarter at a time."
-    return [PaperPlan(f"M:ffn@{q}", "pretrained", [Rule("finetuned", ["movie_title"], q, ["ffn"])],
-                      figures=("depth",), position="M", component_set="ffn", layer_group=q) for q in QUARTERS]
+    return [
+        PaperPlan(
+            f"M:ffn@{q}",
+            "pretrained",
+            [Rule("finetuned", ["movie_title"], q, ["ffn"])],
+            figures=("depth",),
+            position="M",
+            component_set="ffn",
+            layer_group=q,
+        )
+        for q in QUARTERS
+    ]
 
 
 def test_a_new_plan_family_is_one_edit():
@@ -193,7 +257,7 @@ def test_a_new_plan_family_is_one_edit():
 
 # ---- What a reader sees: every figure the sweeps draw, read back from Vega's rendered scene (tests/_figure_layout.py)
 from _figure_layout import scene, misplaced
-from dwg.science import recovery, localize_plots
+from dwg.science import localize_plots
 
 METHOD_PLANS = [p for p in plans.figure_order("methods") if p not in ("PRE", "SFT")]
 
@@ -202,10 +266,14 @@ METHOD_PLANS = [p for p in plans.figure_order("methods") if p not in ("PRE", "SF
 def sweep_runs(results):
     "Results as an embedded sweep writes them: a position run, a methods run (with its own PRE/SFT), a component run."
     pos = results[results.experiment == "positions"]
-    return pd.concat([pos[pos.plan.isin(METHOD_PLANS + ["PRE", "SFT"])].assign(run_id="graft_methods/m1", exact_match=None),
-                      pos[~pos.plan.isin(METHOD_PLANS)].assign(run_id="graft_positions/p1"),
-                      results[results.experiment == "components"].assign(run_id="graft_components/c1")],
-                     ignore_index=True)
+    return pd.concat(
+        [
+            pos[pos.plan.isin(METHOD_PLANS + ["PRE", "SFT"])].assign(run_id="graft_methods/m1", exact_match=None),
+            pos[~pos.plan.isin(METHOD_PLANS)].assign(run_id="graft_positions/p1"),
+            results[results.experiment == "components"].assign(run_id="graft_components/c1"),
+        ],
+        ignore_index=True,
+    )
 
 
 def _sweep_figures(df) -> dict:
@@ -219,12 +287,22 @@ def _sweep_figures(df) -> dict:
 
 
 # figure -> the category axes along which its marks must sit inside their band, and the marks checked
-READS = {"positions": [("x", "rect"), ("x", "rule")], "positions_all_prompts": [("x", "rect"), ("x", "rule")],
-         "movie_spans": [("x", "rect"), ("x", "rule")], "generation": [("x", "rect"), ("x", "rule")],
-         "components": [("x", "rect"), ("x", "rule")], "depth": [("x", "rect"), ("y", "rect")],
-         "methods": [("x", "symbol")], "positions_recovery": [("y", "rect")], "movie_spans_recovery": [("y", "rect")],
-         "components_recovery": [("y", "rect")], "depth_recovery": [("x", "rect"), ("y", "rect")],
-         "methods_recovery": [("x", "symbol")], "methods_pairs": [("y", "symbol")], "overview": [("x", "rect"), ("y", "rect")]}
+READS = {
+    "positions": [("x", "rect"), ("x", "rule")],
+    "positions_all_prompts": [("x", "rect"), ("x", "rule")],
+    "movie_spans": [("x", "rect"), ("x", "rule")],
+    "generation": [("x", "rect"), ("x", "rule")],
+    "components": [("x", "rect"), ("x", "rule")],
+    "depth": [("x", "rect"), ("y", "rect")],
+    "methods": [("x", "symbol")],
+    "positions_recovery": [("y", "rect")],
+    "movie_spans_recovery": [("y", "rect")],
+    "components_recovery": [("y", "rect")],
+    "depth_recovery": [("x", "rect"), ("y", "rect")],
+    "methods_recovery": [("x", "symbol")],
+    "methods_pairs": [("y", "symbol")],
+    "overview": [("x", "rect"), ("y", "rect")],
+}
 
 
 def _check_reads(name, chart):
@@ -232,7 +310,7 @@ def _check_reads(name, chart):
     panels, _ = scene(chart)
     assert panels, f"{name}: nothing drawn"
     for axis, kind in READS[name]:
-        layer = "layer_1" if kind == "rule" else None   # rules: the error bars (layer 2 holds the reference lines)
+        layer = "layer_1" if kind == "rule" else None  # rules: the error bars (layer 2 holds the reference lines)
         checked = [p for p in panels if (p.x_labels if axis == "x" else p.y_labels) and p.items(kind, layer)]
         assert checked, f"{name}: no panel with {kind} marks on a labelled {axis} axis"
         for p in checked:
@@ -249,11 +327,11 @@ def test_position_figures_draw_the_position_run_only(sweep_runs):
         spec = figs[name].to_dict()
         assert "vconcat" not in spec and "graft_methods" not in json.dumps(spec), f"{name}: the methods run is drawn"
         panels = _check_reads(name, figs[name])
-        assert len(panels) == (1 if name == "positions_all_prompts" else 2)   # one panel per prompt, or pooled
+        assert len(panels) == (1 if name == "positions_all_prompts" else 2)  # one panel per prompt, or pooled
         for p in panels:
             assert [t for t, _ in p.x_labels] == order
             assert len(p.items("rect", "layer_0")) == len(order) * metrics
-            assert len(p.items("rule", "layer_2")) == 2 * metrics   # PRE and SFT, one rule per metric
+            assert len(p.items("rule", "layer_2")) == 2 * metrics  # PRE and SFT, one rule per metric
 
 
 def test_movie_figures_need_a_movie_plan(results):
@@ -262,8 +340,10 @@ def test_movie_figures_need_a_movie_plan(results):
     pos = results[results.experiment == "positions"]
     no_movie = pos[~pos.plan.isin(["M", "FE+M", "M+LT", "FE+M+LT"])]
     assert set(no_movie.plan) >= {"FE", "LT", "FE+LT"}
-    with pytest.raises(ValueError, match="movie-span"): plots.movie_chart(no_movie, templates="pool", n_boot=20)
-    with pytest.raises(ValueError, match="movie_spans"): recovery.recovery_bars(recovery.recovery_table(no_movie, n_boot=20), "movie_spans")
+    with pytest.raises(ValueError, match="movie-span"):
+        plots.movie_chart(no_movie, templates="pool", n_boot=20)
+    with pytest.raises(ValueError, match="movie_spans"):
+        recovery.recovery_bars(recovery.recovery_table(no_movie, n_boot=20), "movie_spans")
     assert "movie_spans" not in plots.paper_figures(no_movie, n_boot=20, verbose=False)
     assert "movie_spans" in plots.paper_figures(pos, n_boot=20, verbose=False)
 
@@ -289,7 +369,9 @@ def test_each_run_lays_out_its_own_categories(results):
     its own categories (a grouping offset shared across blocks spreads the bigger block's bars over several plans)."""
     pos = results[results.experiment == "positions"]
     few = ["PRE", "SFT", "FE", "LT"]
-    df = pd.concat([pos[pos.plan.isin(few)].assign(dataset="setting-a"), pos.assign(dataset="setting-b")], ignore_index=True)
+    df = pd.concat(
+        [pos[pos.plan.isin(few)].assign(dataset="setting-a"), pos.assign(dataset="setting-b")], ignore_index=True
+    )
     for templates in ["facet", "pool"]:
         chart = plots.position_chart(df, templates=templates, n_boot=30)
         assert len(chart.to_dict()["vconcat"]) == 2
@@ -310,8 +392,12 @@ def test_every_sweep_figure_reads(sweep_runs):
 def test_localisation_heatmaps_read():
     "The localisation heatmaps: one rect per cell inside its layer and role bands; a huge cell is clipped, not the scale."
     rng = np.random.default_rng(0)
-    rows = [dict(cell=f"{r}@{l}:{c}", role=r, layer=l, component=c, ig=float(rng.normal(0, .01)))
-            for c in ["q", "down"] for r in ["first_actor", "last_token", "other"] for l in range(6)]
+    rows = [
+        dict(cell=f"{r}@{l}:{c}", role=r, layer=l, component=c, ig=float(rng.normal(0, 0.01)))
+        for c in ["q", "down"]
+        for r in ["first_actor", "last_token", "other"]
+        for l in range(6)
+    ]
     rows.append(dict(cell="last_token@global:lm_head", role="last_token", layer="global", component="lm_head", ig=5.0))
     t = pd.DataFrame(rows)
     panels, titles = scene(localize_plots.cell_heatmaps(t, ["ig"]))
@@ -325,5 +411,5 @@ def test_localisation_heatmaps_read():
 def test_report_tables_hold_the_runs_of_their_own_plans(sweep_runs):
     "The tables behind figures 1 and 3 hold the runs that have their own plans: the methods run's PRE/SFT are not one."
     rep = plots.report_tables(sweep_runs, n_boot=30)
-    assert "run_id" not in rep["positions"] and "run_id" not in rep["components"]   # one run each: no run column
+    assert "run_id" not in rep["positions"] and "run_id" not in rep["components"]  # one run each: no run column
     assert list(rep["positions"].plan) == plans.figure_order("positions")

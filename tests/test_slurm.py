@@ -1,7 +1,13 @@
 """The Slurm backend (dwg.pipeline.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
 submitted with --slurm gives the same results as a local run, and a failing run is reported failed while the rest
 complete and its dependants are cancelled. Skipped where there is no `sbatch`."""
-import json, os, re, shutil, subprocess, time
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
 from pathlib import Path
 import pytest
 from dwg.pipeline import sweep as sw
@@ -12,14 +18,15 @@ def _cluster_problem():
     if not shutil.which("sbatch"):
         return "no `sbatch` on PATH: start a one-node cluster with `sudo scripts/slurm/start_slurm.sh` (CI does)"
     r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    if r.returncode != 0: return f"sbatch exists but no Slurm controller answers (sinfo: {r.stderr.strip()})"
+    if r.returncode != 0:
+        return f"sbatch exists but no Slurm controller answers (sinfo: {r.stderr.strip()})"
     if not any(s.strip() in ("idle", "mixed", "allocated", "completing") for s in r.stdout.splitlines()):
         return f"no usable Slurm node (sinfo says: {r.stdout.strip() or 'nothing'})"
     return None
 
 
 PROBLEM = _cluster_problem()
-if PROBLEM and os.environ.get("DWG_REQUIRE_SLURM"):   # CI started a cluster: a missing one is a failure, not a skip
+if PROBLEM and os.environ.get("DWG_REQUIRE_SLURM"):  # CI started a cluster: a missing one is a failure, not a skip
     raise RuntimeError(f"DWG_REQUIRE_SLURM is set but {PROBLEM}")
 pytestmark = pytest.mark.skipif(bool(PROBLEM), reason=str(PROBLEM))
 
@@ -31,8 +38,20 @@ def test_failing_run_is_reported_and_its_dependants_cancelled(tmp_path):
     g = sw.make_graph(str(sweep), rd, nbs)
     sft2 = next(r for r in sw.graph_runs(g) if r.label == "tiny-llama:d2:sft")
     t0 = time.time()
-    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--slurm", "--wait", "--no-progress",
-                  env={"DWG_STANDIN_FAIL": f"models/{sft2.id}/"}, timeout=900)
+    r = sweep_cli(
+        "run",
+        "--sweep",
+        sweep,
+        "--runs",
+        rd,
+        "--notebooks",
+        nbs,
+        "--slurm",
+        "--wait",
+        "--no-progress",
+        env={"DWG_STANDIN_FAIL": f"models/{sft2.id}/"},
+        timeout=900,
+    )
     print(r.stdout, r.stderr, f"{time.time() - t0:.0f}s")
     assert r.returncode == 1
     st = states(rd)
@@ -47,7 +66,9 @@ def test_failing_run_is_reported_and_its_dependants_cancelled(tmp_path):
     job = rec["stages"]["graft_positions"]["job_id"]
     assert rec["stages"]["figures"]["depends_on"] == [job, rec["stages"]["graft_components"]["job_id"]]
     # resubmitting only submits what is not done: the failed run and the figures (the failure is gone now)
-    r2 = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--slurm", "--wait", "--no-progress", timeout=900)
+    r2 = sweep_cli(
+        "run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--slurm", "--wait", "--no-progress", timeout=900
+    )
     assert r2.returncode == 0, r2.stdout + r2.stderr
     rec2 = json.loads((rd / ".sweep" / "slurm-last.json").read_text())
     assert {s: len(v["runs"]) for s, v in rec2["stages"].items()} == {"graft_positions": 1, "figures": 1}
@@ -57,20 +78,22 @@ def test_failing_run_is_reported_and_its_dependants_cancelled(tmp_path):
 def test_smoke_sweep_on_slurm_matches_local(tmp_path_factory):
     "The smoke sweep submitted with --slurm: every run finishes and the ranks/probs equal a local smoke run's."
     local = Path(os.environ.get("DWG_TEST_SMOKE_DIR") or tmp_path_factory.mktemp("local") / "runs")
-    r = sweep_cli("run", "--profile", "smoke", "--runs", local, "--no-progress", timeout=900)   # skips what is done
+    r = sweep_cli("run", "--profile", "smoke", "--runs", local, "--no-progress", timeout=900)  # skips what is done
     assert r.returncode == 0, r.stdout + r.stderr
     rd = tmp_path_factory.mktemp("slurm") / "runs"
     t0 = time.time()
     r = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--slurm", "--wait", "--log-every", "0", timeout=1200)
     print(r.stdout, r.stderr, f"slurm smoke: {time.time() - t0:.0f}s")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"dwg.pipeline.sweep: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stdout), r.stdout  # the log
+    assert re.search(r"dwg.pipeline.sweep: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stdout), (
+        r.stdout
+    )  # the log
     assert {i["state"] for i in states(rd).values()} == {"done"}
-    assert sorted(states(rd)) == sorted(states(local))                    # same run ids
+    assert sorted(states(rd)) == sorted(states(local))  # same run ids
     a, b = results_table(local), results_table(rd)
     assert a.keys() == b.keys() and len(a) > 0
     for k in a:
-        assert a[k][0] == b[k][0], (k, a[k], b[k])                         # ranks equal
+        assert a[k][0] == b[k][0], (k, a[k], b[k])  # ranks equal
         assert abs(a[k][1] - b[k][1]) <= 1e-5 + 1e-4 * abs(a[k][1]), (k, a[k], b[k])
     for stage in ("graft_positions", "graft_components", "figures"):
         for d in (rd / stage).iterdir():

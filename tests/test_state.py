@@ -1,5 +1,6 @@
 """No state of dwg on users' objects: after graft, patch and interpolation contexts every module of both models (and
 a KV cache made inside `patch`) has the attributes it had before, and none named `_dwg_*`."""
+
 import torch
 from dwg.science.evaluate import encode
 from dwg.engine.graft import graft
@@ -27,8 +28,11 @@ def _models():
 def _step(batch: dict) -> dict:
     "The next one-token step after `batch` (a cache holds the rest)."
     ones = torch.ones_like(batch["input_ids"][:, -1:])
-    return dict(input_ids=batch["input_ids"][:, -1:], position_ids=batch["position_ids"][:, -1:] + 1,
-                attention_mask=torch.cat([batch["attention_mask"], ones], 1))
+    return dict(
+        input_ids=batch["input_ids"][:, -1:],
+        position_ids=batch["position_ids"][:, -1:] + 1,
+        attention_mask=torch.cat([batch["attention_mask"], ones], 1),
+    )
 
 
 def test_contexts_leave_models_as_they_were():
@@ -39,8 +43,10 @@ def test_contexts_leave_models_as_they_were():
     mask = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
     mask[:, -2:] = True
     with torch.no_grad():
-        with graft(rec, don, mask), graft(rec, don, mask, layers=[1], components="attn"): rec(**batch)
-        with patch(rec, don, mask, sites=["resid_post", "q"]): out = rec(**batch, use_cache=True)
+        with graft(rec, don, mask), graft(rec, don, mask, layers=[1], components="attn"):
+            rec(**batch)
+        with patch(rec, don, mask, sites=["resid_post", "q"]):
+            out = rec(**batch, use_cache=True)
         with patch(rec, don, torch.cat([mask, mask[:, -1:]], 1), sites=["resid_post", "q"]):
             rec(**_step(batch), past_key_values=out.past_key_values, use_cache=True)
     examples = [dict(prompt="The capital of France is", target=" Paris"), dict(prompt="Hi", target=" there")]
@@ -59,5 +65,6 @@ def test_a_context_leaves_nothing_after_an_error():
         with graft(rec, don, torch.ones_like(batch["input_ids"], dtype=torch.bool)):
             rec(**batch)
             raise RuntimeError("boom")
-    except RuntimeError: pass
+    except RuntimeError:
+        pass
     assert _attributes(rec) == before and not _dwg_names(rec)

@@ -1,7 +1,11 @@
 "Fine-tuning (dwg.pipeline.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
-import json, os
+
+import json
+import os
+
 os.environ["HF_HUB_OFFLINE"] = "1"
-import pytest, torch
+import pytest
+import torch
 from transformers import TrainerCallback
 from dwg.pipeline import config, train as T
 from dwg.science import data, models
@@ -37,20 +41,25 @@ def test_tiny_finetune_raises_target_probability(ds, tmp_path):
     summary = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2]
-    assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)   # the callback measured the saved model
+    assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)  # the callback measured the saved model
     n_train = len(data.load_split(ds, "train"))
     assert summary["n_facts"] == 4 and summary["global_step"] == 2 * -(-n_train // 8)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "train_config.yaml", "metrics.json", "dataset"} <= \
-        {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "train_config.yaml", "metrics.json", "dataset"} <= {
+        p.name for p in out.iterdir()
+    }
     assert (out / "dataset" / "dataset_info.json").read_text() == (ds / "dataset_info.json").read_text()
     assert not (out / "checkpoints").exists() and not T.work_dir(out).exists()
 
 
-class Interrupt(Exception): pass
+class Interrupt(Exception):
+    pass
+
 
 class StopAfterFirstSave(TrainerCallback):
     "Simulate a killed job: raise right after the first checkpoint is written."
-    def on_save(self, args, state, control, **kw): raise Interrupt(f"stopped at step {state.global_step}")
+
+    def on_save(self, args, state, control, **kw):
+        raise Interrupt(f"stopped at step {state.global_step}")
 
 
 def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_path):
@@ -58,8 +67,13 @@ def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_
     Checkpoints (and recall logs) come every two epochs here: epochs shorter than `checkpoint_steps`."""
     n_texts = len([r for r in data.load_split(ds, "train", split="task") if r["direction"] == "A2B"])
     per_epoch = -(-n_texts // 8)
-    kw = dict(split="task", direction="A2B", overrides=dict(epochs=4, batch_size=8, checkpoint_steps=2 * per_epoch - 1),
-              seed=1, **TINY)
+    kw = dict(
+        split="task",
+        direction="A2B",
+        overrides=dict(epochs=4, batch_size=8, checkpoint_steps=2 * per_epoch - 1),
+        seed=1,
+        **TINY,
+    )
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
         T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
@@ -92,8 +106,11 @@ def test_reusing_freed_memory_trains_the_same_weights(ds, tmp_path, monkeypatch)
     monkeypatch.setattr(T, "reusing_freed_memory", lambda on=True: seen.append(on) or real(on))
     kw = dict(seed=3, **TINY)
     a = weights(T.train("tiny-llama", ds, tmp_path / "a", overrides=dict(max_steps=4, batch_size=8), **kw))
-    b = weights(T.train("tiny-llama", ds, tmp_path / "b", overrides=dict(max_steps=4, batch_size=8,
-                                                                      reuse_freed_memory=False), **kw))
+    b = weights(
+        T.train(
+            "tiny-llama", ds, tmp_path / "b", overrides=dict(max_steps=4, batch_size=8, reuse_freed_memory=False), **kw
+        )
+    )
     assert seen == [True, False]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -115,7 +132,10 @@ print(before, inside, faults())
 @pytest.mark.skipif(not runs._glibc() or runs._malloc_set_by_user(), reason="the setting is glibc's, and yours wins")
 def test_reusing_freed_memory_keeps_pages_in_a_fresh_process():
     "In a fresh interpreter a second 64 MB buffer is new pages outside the block, the first one's pages inside it."
-    import subprocess, sys, resource
+    import subprocess
+    import sys
+    import resource
+
     out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True).stdout
     before, inside, after = map(int, out.split())
     pages = (64 << 20) // resource.getpagesize()
@@ -137,7 +157,14 @@ def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
     "A half-finished run is only resumed with the same settings; anything else asks for force=True."
     out = tmp_path / "run"
     with pytest.raises(Interrupt):
-        T.train("tiny-llama", ds, out, overrides=dict(epochs=2, checkpoint_steps=1), callbacks=[StopAfterFirstSave()], **TINY)
+        T.train(
+            "tiny-llama",
+            ds,
+            out,
+            overrides=dict(epochs=2, checkpoint_steps=1),
+            callbacks=[StopAfterFirstSave()],
+            **TINY,
+        )
     with pytest.raises(ValueError, match="force=True"):
         T.train("tiny-llama", ds, out, overrides=dict(epochs=3), **TINY)
     T.train("tiny-llama", ds, out, overrides=dict(epochs=3, max_steps=2), force=True, **TINY)
@@ -146,8 +173,15 @@ def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
 
 def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     "Split/direction select the texts; a frozen output head does not change; answer-only loss trains."
-    out = T.train("tiny-pythia", ds, tmp_path / "rel", split="relation", direction="B2A",
-                  overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True), **TINY)
+    out = T.train(
+        "tiny-pythia",
+        ds,
+        tmp_path / "rel",
+        split="relation",
+        direction="B2A",
+        overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True),
+        **TINY,
+    )
     s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     n_texts = len([r for r in data.load_split(ds, "train") if r["split"] == "relation" and r["direction"] == "B2A"])
     assert (s["split"], s["direction"], s["n_facts"], s["n_train_texts"]) == ("relation", "B2A", 2, n_texts)
@@ -157,20 +191,35 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     assert not torch.equal(before["gpt_neox.embed_in.weight"], after["gpt_neox.embed_in.weight"])
 
 
-@pytest.mark.parametrize("kw, error, match", [
-    (dict(overrides=dict(learning_rat=1e-3)), ValueError, r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\).*Valid keys: description, learning_rate"),
-    (dict(overrides=dict(epochs="lots")), ValueError, "'epochs' in the overrides must be float"),
-    (dict(overrides=dict(precision="fp8")), ValueError, "choose one of: auto, bf16, fp16, fp32"),
-    (dict(overrides=dict(trainer=dict(output_dir="x"))), ValueError, "set by dwg.pipeline.train itself"),
-    (dict(config="no-such-profile"), ValueError, "Unknown training profile 'no-such-profile'"),
-    (dict(model="tiny-lama"), ValueError, "Unknown model 'tiny-lama'"),
-    (dict(model="pythia-2.8b"), RuntimeError, "no model hub is reachable"),
-    (dict(split="both"), ValueError, "split must be one of all, task, relation"),
-    (dict(overrides=dict(supplemental=-1)), ValueError, "'supplemental' in the overrides must be >= 0"),
-    (dict(overrides=dict(supplemental=100_000)), ValueError, r"has \d+ passages and they are drawn without replacement"),
-    (dict(overrides=dict(supplemental=2, supplemental_file="no/such.txt")), ValueError, r"such\.txt' does not exist.*Fix"),
-    (dict(overrides=dict(supplemental_file="mine.txt")), ValueError, "but supplemental is 0"),
-])
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (
+            dict(overrides=dict(learning_rat=1e-3)),
+            ValueError,
+            r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\).*Valid keys: description, learning_rate",
+        ),
+        (dict(overrides=dict(epochs="lots")), ValueError, "'epochs' in the overrides must be float"),
+        (dict(overrides=dict(precision="fp8")), ValueError, "choose one of: auto, bf16, fp16, fp32"),
+        (dict(overrides=dict(trainer=dict(output_dir="x"))), ValueError, "set by dwg.pipeline.train itself"),
+        (dict(config="no-such-profile"), ValueError, "Unknown training profile 'no-such-profile'"),
+        (dict(model="tiny-lama"), ValueError, "Unknown model 'tiny-lama'"),
+        (dict(model="pythia-2.8b"), RuntimeError, "no model hub is reachable"),
+        (dict(split="both"), ValueError, "split must be one of all, task, relation"),
+        (dict(overrides=dict(supplemental=-1)), ValueError, "'supplemental' in the overrides must be >= 0"),
+        (
+            dict(overrides=dict(supplemental=100_000)),
+            ValueError,
+            r"has \d+ passages and they are drawn without replacement",
+        ),
+        (
+            dict(overrides=dict(supplemental=2, supplemental_file="no/such.txt")),
+            ValueError,
+            r"such\.txt' does not exist.*Fix",
+        ),
+        (dict(overrides=dict(supplemental_file="mine.txt")), ValueError, "but supplemental is 0"),
+    ],
+)
 def test_bad_inputs_fail_before_training(ds, tmp_path, kw, error, match):
     "Bad configs, models and filters raise clear errors and create nothing."
     kw = {"model": "tiny-llama", **TINY, **kw}
@@ -181,8 +230,11 @@ def test_bad_inputs_fail_before_training(ds, tmp_path, kw, error, match):
 
 def test_profile_files_that_do_not_parse(ds, tmp_path):
     "A YAML profile with a syntax error, a list, or an unknown key is reported with its path."
-    for text, match in [("learning_rate: [1e-4\n", "does not parse as YAML"), ("- 1\n", "must be a mapping"),
-                        ("epochs: 2\nwarmup: 3\n", "'warmup'.*bad.yaml")]:
+    for text, match in [
+        ("learning_rate: [1e-4\n", "does not parse as YAML"),
+        ("- 1\n", "must be a mapping"),
+        ("epochs: 2\nwarmup: 3\n", "'warmup'.*bad.yaml"),
+    ]:
         (tmp_path / "bad.yaml").write_text(text)
         with pytest.raises(ValueError, match=match):
             T.train("tiny-llama", ds, tmp_path / "out", config=tmp_path / "bad.yaml", progress=False)
@@ -193,18 +245,23 @@ def test_dataset_problems(ds, tmp_path):
     "A missing or half-written dataset directory, or one made for another tokenizer, is refused."
     with pytest.raises(FileNotFoundError, match="does not exist"):
         T.train("tiny-llama", tmp_path / "nope", tmp_path / "out", **TINY)
-    (tmp_path / "half").mkdir(); (tmp_path / "half" / "train.jsonl").write_text("")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "train.jsonl").write_text("")
     with pytest.raises(FileNotFoundError, match="lacks dataset_info.json"):
         T.train("tiny-llama", tmp_path / "half", tmp_path / "out", **TINY)
     other = tmp_path / "other"
-    import shutil; shutil.copytree(ds, other)
+    import shutil
+
+    shutil.copytree(ds, other)
     info = json.loads((other / "dataset_info.json").read_text())
     (other / "dataset_info.json").write_text(json.dumps({**info, "tokenizer": {"name": "gpt2", "vocab_size": 50257}}))
     with pytest.raises(ValueError, match="vocab_size 50257"):
         T.train("tiny-llama", other, tmp_path / "out", **TINY)
     rows = data.load_split(ds, "eval")
     (other / "dataset_info.json").write_text(json.dumps(info))
-    (other / "eval.jsonl").write_text("".join(json.dumps({**r, "prompt": r["prompt"] + " ", "target": r["target"].lstrip()}) + "\n" for r in rows))
+    (other / "eval.jsonl").write_text(
+        "".join(json.dumps({**r, "prompt": r["prompt"] + " ", "target": r["target"].lstrip()}) + "\n" for r in rows)
+    )
     with pytest.raises(ValueError, match="do not tokenize cleanly"):
         T.train("tiny-llama", other, tmp_path / "out", **TINY)
     assert not (tmp_path / "out").exists()
@@ -212,7 +269,9 @@ def test_dataset_problems(ds, tmp_path):
 
 def test_existing_foreign_directory_is_not_overwritten(ds, tmp_path):
     "An out_dir that holds something else is refused rather than replaced."
-    out = tmp_path / "mine"; out.mkdir(); (out / "notes.txt").write_text("keep me")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="not a finished training run"):
         T.train("tiny-llama", ds, out, **TINY)
     assert (out / "notes.txt").read_text() == "keep me"
@@ -220,7 +279,9 @@ def test_existing_foreign_directory_is_not_overwritten(ds, tmp_path):
 
 def test_best_checkpoint_by_eval_loss(ds, tmp_path):
     "With best_by_eval_loss the run records (and keeps) the epoch with the lowest validation loss."
-    out = T.train("tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY)
+    out = T.train(
+        "tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY
+    )
     s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
@@ -240,6 +301,7 @@ def test_every_packaged_profile_is_found_and_valid():
 def test_broken_dataset_file_is_named_with_its_line(ds, tmp_path):
     "A damaged train.jsonl is an error naming the file and the line, raised before anything is trained or written."
     import shutil
+
     broken = tmp_path / "broken"
     shutil.copytree(ds, broken)
     lines = (broken / "train.jsonl").read_text().splitlines(keepends=True)

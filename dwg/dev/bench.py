@@ -4,7 +4,16 @@
 
 # %% ../../nbs/07_bench.ipynb #d6ba7d05
 from __future__ import annotations
-import argparse, copy, inspect, json, resource, statistics, subprocess, sys, tempfile, time
+import argparse
+import copy
+import inspect
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 from contextlib import ExitStack
 from unittest import mock
 import torch
@@ -28,48 +37,62 @@ __all__ = ['make_standin_donor', 'make_standin_adapter', 'bench_examples', 'run_
 # %% ../../nbs/07_bench.ipynb #dede5ab9
 def _rss_mb() -> float:
     "Peak resident memory of this process since `_reset_peak`, in MB (Linux: VmHWM; elsewhere ru_maxrss, since start)."
-    try: return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 
 def _reset_peak():
     """Start the peak reading afresh (Linux): ru_maxrss keeps the peak of all earlier work in the process, even of the
     process that forked it (a test run after a SmolLM2 load read every peak below it as 0)."""
-    try: open("/proc/self/clear_refs", "w").write("5")
-    except OSError: pass
+    try:
+        open("/proc/self/clear_refs", "w").write("5")
+    except OSError:
+        pass
+
 
 def _median_times(fns: dict, repeat: int = 7) -> dict:
     """Median wall time of each function, the functions interleaved (one warm-up each) so drifting load hits all alike,
     their order rotated every round, so that no function always runs right after the same other one."""
-    for fn in fns.values(): fn()
+    for fn in fns.values():
+        fn()
     times, names = {k: [] for k in fns}, list(fns)
     for r in range(repeat):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
+
 def _load_code(checkpoint) -> None:
     "Import what loading `checkpoint` imports (its model class on the meta device, its tokenizer), without weights."
-    with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint))
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint))
     AutoTokenizer.from_pretrained(checkpoint)
+
 
 def make_standin_donor(model: str, out_dir, scale: float = 0.02, seed: int = 0) -> str:
     "Save a stand-in donor: `model` with small random changes to every weight (for timing and equality checks)."
     donor, tok = load(model)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in donor.parameters(): p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+        for p in donor.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
     donor.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return str(out_dir)
 
+
 def make_standin_adapter(model: str, out_dir, r: int = 16, seed: int = 0) -> str:
     "Save a stand-in LoRA adapter of `model`: random deltas (B too), rank `r`, on every attention and MLP projection."
     from peft import LoraConfig, get_peft_model
+
     torch.manual_seed(seed)
-    net = get_peft_model(load(model)[0], LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
-                                                    init_lora_weights=False))
+    net = get_peft_model(
+        load(model)[0], LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", init_lora_weights=False)
+    )
     net.peft_config["default"].base_model_name_or_path = model
     net.save_pretrained(out_dir)
     return str(out_dir)
@@ -82,32 +105,52 @@ def bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
     template = "relation_statement" if any(e["template"] == "relation_statement" for e in exs) else exs[0]["template"]
     return [e for e in exs if e["template"] == template], template
 
+
 def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list) -> tuple:
     "Time grafted and plain forwards, padded and unpadded, interleaved; returns the (plain, engine) functions."
     real = prep["batch"]["attention_mask"].bool()
     res["padding_fraction"] = 1 - real.float().mean().item()
     res["grafted_fraction"] = (masks[0] & real).sum().item() / real.sum().item()
-    width = int(real.sum(1).min())   # the last `width` columns: every row real (an unpadded batch)
+    width = int(real.sum(1).min())  # the last `width` columns: every row real (an unpadded batch)
     dense, dense_masks = {k: v[:, -width:] for k, v in prep["batch"].items()}, [m[:, -width:] for m in masks]
-    def plain(batch=prep["batch"]): return last_logits(base, batch)
+
+    def plain(batch=prep["batch"]):
+        return last_logits(base, batch)
+
     def engine(batch=prep["batch"], masks=masks):
-        with grafted(plan, models, masks): return last_logits(base, batch)
-    t = _median_times(dict(plain=plain, grafted=engine, plain_unpadded=lambda: plain(dense),
-                           grafted_unpadded=lambda: engine(dense, dense_masks)))
+        with grafted(plan, models, masks):
+            return last_logits(base, batch)
+
+    t = _median_times(
+        dict(
+            plain=plain,
+            grafted=engine,
+            plain_unpadded=lambda: plain(dense),
+            grafted_unpadded=lambda: engine(dense, dense_masks),
+        )
+    )
     res["plain_forward_s"], res["grafted_forward_s"] = t["plain"], t["grafted"]
     res["grafted_over_plain"] = res["grafted_forward_s"] / res["plain_forward_s"]
     res["grafted_over_plain_unpadded"] = t["grafted_unpadded"] / t["plain_unpadded"]
     res["unpadded_shape"] = f"{len(real)} x {width}"
     return plain, engine
 
+
 def _time_patching(res: dict, base, donor, prep: dict, masks: list, plain):
     "An activation-patched forward (every layer's residual stream at the masked positions) against donor + plain."
+
     def patched():
-        with patch(base, donor, masks[0], sites="resid_post"): return last_logits(base, prep["batch"])
+        with patch(base, donor, masks[0], sites="resid_post"):
+            return last_logits(base, prep["batch"])
+
     t = _median_times(dict(plain=plain, patched=patched, donor=lambda: last_logits(donor, prep["batch"])))
-    res["patched_forward_s"], res["donor_forward_s"], res["plain_forward_s_patch_round"] = t["patched"], t["donor"], \
-        t["plain"]   # the plain forward timed in this round, interleaved with these two
+    res["patched_forward_s"], res["donor_forward_s"], res["plain_forward_s_patch_round"] = (
+        t["patched"],
+        t["donor"],
+        t["plain"],
+    )  # the plain forward timed in this round, interleaved with these two
     res["patched_over_donor_plus_plain"] = t["patched"] / (t["donor"] + t["plain"])
+
 
 def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine, n_original: int):
     "The original algorithm on `n_original` examples against the engine and a plain forward on their batch."
@@ -115,12 +158,19 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     for i in range(n_original):
         pad = prep["pads"][i]
         ids = prep["batch"]["input_ids"][i, pad:]
-        for fn, times in ((lambda: reference_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids, copy_per_token=True), slow_s),
-                          (engine, fast_s), (plain, plain_s)):
+        for fn, times in (
+            (
+                lambda: reference_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids, copy_per_token=True),
+                slow_s,
+            ),
+            (engine, fast_s),
+            (plain, plain_s),
+        ):
             t = time.perf_counter()
             out = fn()
             times.append(time.perf_counter() - t)
-            if times is slow_s: maxdp = max(maxdp, (out.softmax(-1) - fast[i]).abs().max().item())
+            if times is slow_s:
+                maxdp = max(maxdp, (out.softmax(-1) - fast[i]).abs().max().item())
     n = len(prep["examples"])
     res["original_s_per_example"] = statistics.median(slow_s)
     res["engine_s_per_example"] = statistics.median(fast_s) / n
@@ -128,7 +178,7 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     # the ceiling: the speed-up a graft costing nothing would give, i.e. the original against a plain forward
     res["speedup_if_grafting_were_free"] = res["original_s_per_example"] * n / statistics.median(plain_s)
     res["max_abs_dprob"] = maxdp
-    copies = []   # what the original pays at every token before its one-token step
+    copies = []  # what the original pays at every token before its one-token step
     for _ in range(3):
         t = time.perf_counter()
         copy.deepcopy(base)
@@ -137,36 +187,49 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     ids = prep["batch"]["input_ids"][:n_original].tolist()
     res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep["pads"]))
 
+
 def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: float):
     "The graft from a LoRA adapter (no second model): timed against a plain forward, then the peak memory; returns its forward."
     adapter, part = read_adapter(lora), {}
-    res["lora_adapter_mb"] = sum(t.numel() * t.element_size() for d in adapter.deltas.values() for t in (d.A, d.B)) / 2**20
+    res["lora_adapter_mb"] = (
+        sum(t.numel() * t.element_size() for d in adapter.deltas.values() for t in (d.A, d.B)) / 2**20
+    )
     _, engine = _time_forwards(part, base, dict(pretrained=base, finetuned=as_donor(base, adapter)), plan, prep, masks)
-    res.update({f"lora_{k}": part[k] for k in ("grafted_forward_s", "grafted_over_plain", "grafted_over_plain_unpadded")})
-    res["lora_plain_forward_s"] = part["plain_forward_s"]   # the plain forward timed in this round
+    res.update(
+        {f"lora_{k}": part[k] for k in ("grafted_forward_s", "grafted_over_plain", "grafted_over_plain_unpadded")}
+    )
+    res["lora_plain_forward_s"] = part["plain_forward_s"]  # the plain forward timed in this round
     res["lora_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
     # what the adapter and its graft add to the recipient's own peak at work, in units of one model's weights
     res["lora_extra_rss_over_weights"] = res["lora_added_rss_over_weights"] - res["plain_added_rss_over_weights"]
     return engine
 
+
 def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, engine):
     "The largest probability difference between grafting the adapter and grafting peft's merged model."
-    merged = load(lora)[0]   # `base` is intact: the original algorithm grafts into deep copies
-    with grafted(plan, dict(pretrained=base, finetuned=merged), masks): want = last_logits(base, prep["batch"])
+    merged = load(lora)[0]  # `base` is intact: the original algorithm grafts into deep copies
+    with grafted(plan, dict(pretrained=base, finetuned=merged), masks):
+        want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
+
 
 class _CopiedAtOnce(patch_module._SharedCache):
     "A donor's KV cache copied for each patching context as it is handed out (not when a generation continues it)."
-    def __init__(self, cache): super().__init__(copy.deepcopy(cache))
+
+    def __init__(self, cache):
+        super().__init__(copy.deepcopy(cache))
+
 
 def _as_before(way: str):
     "The change that `way` undoes: rows leave the batch at their target's end; the donor records all sites at once."
     stack = ExitStack()
-    if way == "every_row": stack.enter_context(mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None))
-    if way == "donor_per_site":   # each patching plan records the sites it needs; each copies the donor's cache
+    if way == "every_row":
+        stack.enter_context(mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None))
+    if way == "donor_per_site":  # each patching plan records the sites it needs; each copies the donor's cache
         stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models, seed=0: {}))
         stack.enter_context(mock.patch.object(patch_module, "_SharedCache", _CopiedAtOnce))
     return stack
+
 
 def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int, generate: str = ""):
     """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, three ways timed twice
@@ -183,11 +246,22 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
     models = {**models, "task": models["pretrained"], "relation": models["finetuned"]}
     depth = models["pretrained"].config.num_hidden_layers
     plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), depth)
-    gen = dict(generate=expand_plans(resolve_plans(generate.split(","), list(models), "stage_generate"), depth),
-               generated="last_token") if generate else {}
+    gen = (
+        dict(
+            generate=expand_plans(resolve_plans(generate.split(","), list(models), "stage_generate"), depth),
+            generated="last_token",
+        )
+        if generate
+        else {}
+    )
     old = dict(by_length=False, replay_layers=False, share_heads=False)
-    ways = dict(before=(old, False), now=({}, True), memory_returned=({}, False), **({"every_row": ({}, True)} if gen else {}),
-                **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}))
+    ways = dict(
+        before=(old, False),
+        now=({}, True),
+        memory_returned=({}, False),
+        **({"every_row": ({}, True)} if gen else {}),
+        **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}),
+    )
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
         for way, (kw, reuse) in ways.items():
@@ -209,19 +283,27 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
     res["stage_memory_returned_s"] = min(times["memory_returned"])
     res["stage_reuse_speedup"] = res["stage_memory_returned_s"] / res["stage_now_s"]
     res["stage_reuse_same_rows"] = rows["now"] == rows["memory_returned"]
-    res["stage_max_abs_dprob"] = max(abs(a.get("prob", 0) - b.get("prob", 0)) for a, b in zip(rows["before"], rows["now"]))
-    _stage_share(res, lambda: evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **gen),
-                 matmul_shape(models["pretrained"].config))
+    res["stage_max_abs_dprob"] = max(
+        abs(a.get("prob", 0) - b.get("prob", 0)) for a, b in zip(rows["before"], rows["now"])
+    )
+    _stage_share(
+        res,
+        lambda: evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **gen),
+        matmul_shape(models["pretrained"].config),
+    )
+
 
 def _stage_share(res: dict, run, shape: dict, readings: int = 5):
     """How near the stage's default way comes to this CPU's matrix-multiply rate: the FLOPs of one `run` (torch's FLOP
     counter: matrix products, and attention where torch counts it) at the median of `readings` of the rate at the
     model's `shape` (`matmul_shape`: one hidden x intermediate product), against its timed seconds."""
-    with FlopCounterMode(display=False) as counter: run()
+    with FlopCounterMode(display=False) as counter:
+        run()
     flops, rate = counter.get_total_flops(), statistics.median(matmul_rate(**shape) for _ in range(readings))
     res["stage_tflop"], res["stage_matmul_gflops"] = flops / 1e12, rate / 1e9
     res["stage_at_matmul_rate_s"] = flops / rate
     res["stage_share_of_matmul_rate"] = res["stage_at_matmul_rate_s"] / res["stage_now_s"]
+
 
 def _standin(kind: str, model: str, out: str) -> str:
     "Make a stand-in donor or adapter in a child process (so that making it does not count in this process's peak memory)."
@@ -229,15 +311,28 @@ def _standin(kind: str, model: str, out: str) -> str:
     subprocess.run([sys.executable, "-c", code], check=True)
     return out
 
-def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: str = "standin", batch: int = 64,
-                  n_original: int = 5, n_facts: int = 100, stage: str = "methods", stage_facts: int = 8,
-                  stage_batch: int = 16, stage_generate: str = "", workdir: str | None = None) -> dict:
+
+def run_benchmark(
+    model: str = "smollm2-135m",
+    donor: str | None = None,
+    lora: str = "standin",
+    batch: int = 64,
+    n_original: int = 5,
+    n_facts: int = 100,
+    stage: str = "methods",
+    stage_facts: int = 8,
+    stage_batch: int = 16,
+    stage_generate: str = "",
+    workdir: str | None = None,
+) -> dict:
     "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft); return the numbers."
     workdir = workdir or tempfile.mkdtemp()
-    donor = str(checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor")))   # a sweep's run directory works too
+    donor = str(
+        checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor"))
+    )  # a sweep's run directory works too
     lora = None if lora == "none" else _standin("adapter", model, f"{workdir}/adapter") if lora == "standin" else lora
     res = dict(model=model, donor=donor, lora=lora, batch=batch, threads=torch.get_num_threads())
-    _load_code(donor)   # the footprint of the code and tokenizer, so that what comes next is the models and the work
+    _load_code(donor)  # the footprint of the code and tokenizer, so that what comes next is the models and the work
     _reset_peak()
     rss0 = _rss_mb()
     base, tok = load(model)
@@ -246,9 +341,9 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     plan = get_plan("FE+LT")
     prep = prepare(tok, exs[:batch])
     masks, _ = rule_masks(plan, prep)
-    last_logits(base, prep["batch"])   # the recipient alone at work: its weights plus one plain forward's activations
+    last_logits(base, prep["batch"])  # the recipient alone at work: its weights plus one plain forward's activations
     res["plain_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
-    lora_engine = lora and _time_lora(res, base, lora, plan, prep, masks, rss0)   # before the full donor: peak RSS
+    lora_engine = lora and _time_lora(res, base, lora, plan, prep, masks, rss0)  # before the full donor: peak RSS
     don = load(donor)[0]
     models = dict(pretrained=base, finetuned=don)
     plain, engine = _time_forwards(res, base, models, plan, prep, masks)
@@ -256,47 +351,63 @@ def run_benchmark(model: str = "smollm2-135m", donor: str | None = None, lora: s
     res["peak_rss_over_weights"] = res["peak_rss_mb_engine"] / res["weights_mb"]
     res["added_rss_over_weights"] = (res["peak_rss_mb_engine"] - rss0) / res["weights_mb"]
     res["donor_extra_rss_over_weights"] = res["added_rss_over_weights"] - res["plain_added_rss_over_weights"]
-    _time_patching(res, base, don, prep, masks, plain)   # after the memory reading: patching is not grafting
+    _time_patching(res, base, don, prep, masks, plain)  # after the memory reading: patching is not grafting
     _time_original(res, base, don, prep, masks, plain, engine, n_original)
     sweep_plans, sweep_exs = plan_groups()["position"], exs[:n_facts]
     t = time.perf_counter()
-    evaluate_plans(sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS)   # M plans: skipped rows
+    evaluate_plans(
+        sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS
+    )  # M plans: skipped rows
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
-    if stage_facts: _time_stage(res, models, tok, workdir, stage, stage_facts, stage_batch, stage_generate)
-    res["peak_rss_mb_end"] = _rss_mb()   # includes the original algorithm's deep copies
-    if lora: _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
+    if stage_facts:
+        _time_stage(res, models, tok, workdir, stage, stage_facts, stage_batch, stage_generate)
+    res["peak_rss_mb_end"] = _rss_mb()  # includes the original algorithm's deep copies
+    if lora:
+        _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
     return res
+
 
 _OPTION_HELP = dict(
     model="the base model (a name dwg.science.models.load knows)",
     donor="the donor checkpoint, e.g. a sweep's relation model runs/embedded/models/<id>; default: a stand-in made "
-          "from the base model plus small random changes (same timing, no fine-tuned behaviour)",
+    "from the base model plus small random changes (same timing, no fine-tuned behaviour)",
     lora="a LoRA adapter directory of the base model (e.g. a LoRA training run); 'standin': random deltas, r 16, on "
-         "every attention and MLP projection; 'none': skip the LoRA measurements",
-    batch="examples per batched forward", n_original="examples run through the original algorithm (seconds each)",
+    "every attention and MLP projection; 'none': skip the LoRA measurements",
+    batch="examples per batched forward",
+    n_original="examples run through the original algorithm (seconds each)",
     n_facts="facts in the position sweep (12 plans x n_facts x 1 prompt)",
     stage="a plan group timed the way a sweep's grafting stage runs it, on the paper's prompts: before (chunks in the "
-          "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed, "
-          "plans that graft the same before the last column sharing it); several: comma-separated, e.g. components,hybrid",
-    stage_facts="facts of that stage timing (about 7 prompts each); 0 skips it", stage_batch="its chunk size",
+    "given order, every layer run) and now (chunks of like lengths, the layers below a plan's first replayed, "
+    "plans that graft the same before the last column sharing it); several: comma-separated, e.g. components,hybrid",
+    stage_facts="facts of that stage timing (about 7 prompts each); 0 skips it",
+    stage_batch="its chunk size",
     stage_generate="plan groups of that stage that also decode whole names (e.g. position), timed also with every row "
-                   "of a chunk decoded to its longest target ('' : none)",
-    workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)")
+    "of a chunk decoded to its longest target ('' : none)",
+    workdir="where the dataset and the stand-in donor are written (default: a new temporary directory)",
+)
+
 
 def main(argv=None):
     "Command line: print the benchmark as a small table and JSON."
     ap = argparse.ArgumentParser(prog="python -m dwg.dev.bench", description=__doc__ or "dwg grafting benchmark")
     for name, p in inspect.signature(run_benchmark).parameters.items():  # one option per argument, same defaults
-        ap.add_argument(f"--{name.replace('_', '-')}", default=p.default, type=type(p.default) if p.default else None,
-                        help=_OPTION_HELP[name] + (f" (default {p.default})" if p.default is not None else ""))
+        ap.add_argument(
+            f"--{name.replace('_', '-')}",
+            default=p.default,
+            type=type(p.default) if p.default else None,
+            help=_OPTION_HELP[name] + (f" (default {p.default})" if p.default is not None else ""),
+        )
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the numbers to this JSON file")
     a = ap.parse_args(argv)
-    res = run_benchmark(**{k: v for k, v in vars(a).items() if k != 'json'})
-    for k, v in res.items(): print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
-    if a.json: open(a.json, "w").write(json.dumps(res, indent=1))
+    res = run_benchmark(**{k: v for k, v in vars(a).items() if k != "json"})
+    for k, v in res.items():
+        print(f"{k:>26}: {v:.4g}" if isinstance(v, float) else f"{k:>26}: {v}")
+    if a.json:
+        open(a.json, "w").write(json.dumps(res, indent=1))
     return res
 
 # %% ../../nbs/07_bench.ipynb #1a4fb5dd
 #| eval: false
-if __name__ == "__main__": main()
+if __name__ == "__main__":
+    main()

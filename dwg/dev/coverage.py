@@ -4,7 +4,12 @@
 
 # %% ../../nbs/02c_coverage.ipynb #d56995cf
 from __future__ import annotations
-import copy, inspect, re, signal, sys, time
+import copy
+import inspect
+import re
+import signal
+import sys
+import time
 from collections import Counter
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -19,106 +24,205 @@ __all__ = ['TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'RE
            'checked_components', 'check_family', 'markdown_table', 'main']
 
 # %% ../../nbs/02c_coverage.ipynb #21b8931e
-TINY_SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=128, pad_token_id=0, num_local_experts=4,
-                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-TINY_WINDOW = 4   # sliding-window attention, for the families whose config has one: shorter than the checked sequences
-TINY_OVERRIDES = {   # family -> extra config values where the common sizes are not enough
-    "deepseek_v2": dict(head_dim=8, n_routed_experts=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                        v_head_dim=16, n_group=1, topk_group=1, first_k_dense_replace=1, n_shared_experts=1),
-    "falcon": dict(num_kv_heads=2, new_decoder_architecture=True), "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
-    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, ffn_config=dict(ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2),
-                 attn_config=dict(kv_n_heads=2, rope_theta=10000.0)),
+TINY_SIZES = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    num_local_experts=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
+TINY_WINDOW = 4  # sliding-window attention, for the families whose config has one: shorter than the checked sequences
+TINY_OVERRIDES = {  # family -> extra config values where the common sizes are not enough
+    "deepseek_v2": dict(
+        head_dim=8,
+        n_routed_experts=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+    ),
+    "falcon": dict(num_kv_heads=2, new_decoder_architecture=True),
+    "gptj": dict(rotary_dim=8),
+    "codegen": dict(rotary_dim=8),
+    "dbrx": dict(
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        ffn_config=dict(ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2),
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0),
+    ),
 }
 TINY_OVERRIDES["deepseek_v3"] = TINY_OVERRIDES["glm4_moe_lite"] = TINY_OVERRIDES["deepseek_v2"]
 _TEXT = {k: v for k, v in TINY_SIZES.items() if "expert" not in k}
-TINY_OVERRIDES["gemma3"] = dict(   # the multimodal model: a tiny vision tower beside the tiny text model
-    text_config=dict(_TEXT, sliding_window=4), mm_tokens_per_image=4, image_token_index=96, boi_token_index=94,
-    eoi_token_index=95, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                           num_attention_heads=2, image_size=28, patch_size=14))
-TINY_OVERRIDES["lfm2"] = dict(full_attn_idxs=[1])   # its convolution layers too, not attention alone
+TINY_OVERRIDES["gemma3"] = dict(  # the multimodal model: a tiny vision tower beside the tiny text model
+    text_config=dict(_TEXT, sliding_window=4),
+    mm_tokens_per_image=4,
+    image_token_index=96,
+    boi_token_index=94,
+    eoi_token_index=95,
+    vision_config=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    ),
+)
+TINY_OVERRIDES["lfm2"] = dict(full_attn_idxs=[1])  # its convolution layers too, not attention alone
 TINY_OVERRIDES["gemma4_text"] = dict(vocab_size_per_layer_input=97, hidden_size_per_layer_input=8, global_head_dim=16)
 MAX_TINY_PARAMS = 3_000_000
+
 
 def causal_lm_types() -> list[str]:
     "Every causal-LM model type of the installed transformers."
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
+
 def tiny_config(model_type: str, **overrides):
     "A config of `model_type` with the tiny sizes (and `overrides`, e.g. a tokenizer's `vocab_size`)."
     window = {"sliding_window": TINY_WINDOW} if hasattr(AutoConfig.for_model(model_type), "sliding_window") else {}
-    return AutoConfig.for_model(model_type, **{**TINY_SIZES, **window, **TINY_OVERRIDES.get(model_type, {}), **overrides})
+    return AutoConfig.for_model(
+        model_type, **{**TINY_SIZES, **window, **TINY_OVERRIDES.get(model_type, {}), **overrides}
+    )
+
 
 def tiny_random(model_type: str, seed: int = 0, **overrides):
     """A tiny random model of `model_type` in eval mode (with config `overrides`), or a clear error if its config does not
     take the tiny sizes (checked without the overrides: a real vocabulary alone is larger)."""
-    with torch.device("meta"): n = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
     cfg = tiny_config(model_type, **overrides)
     if n > MAX_TINY_PARAMS:
-        raise ValueError(f"{model_type}: its config ignores the tiny sizes ({n:,} parameters). Fix: add the family's own "
-                         "size names to dwg.dev.coverage.TINY_OVERRIDES.")
+        raise ValueError(
+            f"{model_type}: its config ignores the tiny sizes ({n:,} parameters). Fix: add the family's own "
+            "size names to dwg.dev.coverage.TINY_OVERRIDES."
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
 
 def perturbed(model, seed: int = 1, scale: float = 0.3):
     "A copy of `model` with every parameter changed (norm weights and biases too), standing in for a fine-tune."
     donor, g = copy.deepcopy(model), torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in donor.parameters():   # norm weights and biases: random initialisation leaves them equal across seeds
+        for p in donor.parameters():  # norm weights and biases: random initialisation leaves them equal across seeds
             p.add_(torch.randn(p.shape, generator=g) * scale * (p.std().item() if p.dim() > 1 else 1.0))
     return donor
 
 # %% ../../nbs/02c_coverage.ipynb #9103ba8a
-_LLAMA_PARTS = dict(q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj", o="self_attn.o_proj",
-                    gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj")
+_LLAMA_PARTS = dict(
+    q="self_attn.q_proj",
+    k="self_attn.k_proj",
+    v="self_attn.v_proj",
+    o="self_attn.o_proj",
+    gate="mlp.gate_proj",
+    up="mlp.up_proj",
+    down="mlp.down_proj",
+)
 _LLAMA_MODEL = dict(embed="model.embed_tokens", ln_final="model.norm", lm_head="lm_head")
-REFERENCE_PARAMS = {   # model type -> the modules (global, or `parts` in a layer) whose parameters each canonical name owns
+REFERENCE_PARAMS = {  # model type -> the modules (global, or `parts` in a layer) whose parameters each canonical name owns
     "llama": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
     "gemma": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
-    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),   # OLMo 1's layer norms have no weights
-    "gemma2": dict(**_LLAMA_MODEL, parts=dict(    # pre- and post-norms around both blocks
-        **_LLAMA_PARTS, ln1="input_layernorm", ln_post_attn="post_attention_layernorm",
-        ln2="pre_feedforward_layernorm", ln_post_ffn="post_feedforward_layernorm")),
-    "olmo2": dict(**_LLAMA_MODEL, parts=dict(     # norms on the blocks' outputs, and on queries and keys
-        **_LLAMA_PARTS, ln1="post_attention_layernorm", ln2="post_feedforward_layernorm",
-        q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")),
-    "gpt2": dict(embed="transformer.wte", pos_embed="transformer.wpe", ln_final="transformer.ln_f", lm_head="lm_head",
-                 conv1d=True, parts=dict(
-                     q=("attn.c_attn", "thirds", 0), k=("attn.c_attn", "thirds", 1), v=("attn.c_attn", "thirds", 2),
-                     o="attn.c_proj", up="mlp.c_fc", down="mlp.c_proj", ln1="ln_1", ln2="ln_2")),
-    "gpt_neox": dict(embed="gpt_neox.embed_in", ln_final="gpt_neox.final_layer_norm", lm_head="lm_head", parts=dict(
-        q=("attention.query_key_value", "head_thirds", 0), k=("attention.query_key_value", "head_thirds", 1),
-        v=("attention.query_key_value", "head_thirds", 2), o="attention.dense", up="mlp.dense_h_to_4h",
-        down="mlp.dense_4h_to_h", ln1="input_layernorm", ln2="post_attention_layernorm")),
+    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),  # OLMo 1's layer norms have no weights
+    "gemma2": dict(
+        **_LLAMA_MODEL,
+        parts=dict(  # pre- and post-norms around both blocks
+            **_LLAMA_PARTS,
+            ln1="input_layernorm",
+            ln_post_attn="post_attention_layernorm",
+            ln2="pre_feedforward_layernorm",
+            ln_post_ffn="post_feedforward_layernorm",
+        ),
+    ),
+    "olmo2": dict(
+        **_LLAMA_MODEL,
+        parts=dict(  # norms on the blocks' outputs, and on queries and keys
+            **_LLAMA_PARTS,
+            ln1="post_attention_layernorm",
+            ln2="post_feedforward_layernorm",
+            q_norm="self_attn.q_norm",
+            k_norm="self_attn.k_norm",
+        ),
+    ),
+    "gpt2": dict(
+        embed="transformer.wte",
+        pos_embed="transformer.wpe",
+        ln_final="transformer.ln_f",
+        lm_head="lm_head",
+        conv1d=True,
+        parts=dict(
+            q=("attn.c_attn", "thirds", 0),
+            k=("attn.c_attn", "thirds", 1),
+            v=("attn.c_attn", "thirds", 2),
+            o="attn.c_proj",
+            up="mlp.c_fc",
+            down="mlp.c_proj",
+            ln1="ln_1",
+            ln2="ln_2",
+        ),
+    ),
+    "gpt_neox": dict(
+        embed="gpt_neox.embed_in",
+        ln_final="gpt_neox.final_layer_norm",
+        lm_head="lm_head",
+        parts=dict(
+            q=("attention.query_key_value", "head_thirds", 0),
+            k=("attention.query_key_value", "head_thirds", 1),
+            v=("attention.query_key_value", "head_thirds", 2),
+            o="attention.dense",
+            up="mlp.dense_h_to_4h",
+            down="mlp.dense_4h_to_h",
+            ln1="input_layernorm",
+            ln2="post_attention_layernorm",
+        ),
+    ),
 }
 _REFERENCE_GROUPS = {"attn": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down")}
 _GLOBAL = ("embed", "pos_embed", "ln_final", "lm_head")
-_EXPERT = re.compile(r"(.+)\.(\d+)")   # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+_EXPERT = re.compile(r"(.+)\.(\d+)")  # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+
 
 def layer_prefix(model) -> str:
     "The parameter-name prefix of the decoder layers: the one followed by every layer index."
     n = model.config.get_text_config().num_hidden_layers
     seen = Counter()
     for name, _ in model.named_parameters():
-        for m in re.finditer(r"\.(\d+)\.", name): seen[(name[:m.start()], int(m[1]))] += 1
+        for m in re.finditer(r"\.(\d+)\.", name):
+            seen[(name[: m.start()], int(m[1]))] += 1
     prefixes = Counter(p for p, _ in seen)
     return next(p for p, c in prefixes.most_common() if c == n)
+
 
 def _expanded(model, components) -> list[str]:
     "Component names, with the groups `attn` / `ffn` spelled out by `REFERENCE_PARAMS` (its model types only)."
     parts = REFERENCE_PARAMS.get(model.config.model_type, {}).get("parts")
     names = [components] if isinstance(components, str) else list(components)
     if parts is None and (bad := [c for c in names if c in _REFERENCE_GROUPS]):
-        raise ValueError(f"The reference knows the groups {bad} only for {', '.join(REFERENCE_PARAMS)}. Fix: name the "
-                         f"modules of this {model.config.model_type} model by their paths in a layer.")
-    return [n for c in names for n in ([p for p in _REFERENCE_GROUPS[c] if p in parts] if c in _REFERENCE_GROUPS else [c])]
+        raise ValueError(
+            f"The reference knows the groups {bad} only for {', '.join(REFERENCE_PARAMS)}. Fix: name the "
+            f"modules of this {model.config.model_type} model by their paths in a layer."
+        )
+    return [
+        n for c in names for n in ([p for p in _REFERENCE_GROUPS[c] if p in parts] if c in _REFERENCE_GROUPS else [c])
+    ]
+
 
 def _modules_of(model, comp: str, layers: list[int], prefix: str) -> list[tuple[str, object]]:
     """(module path, which values of its parameters: None for all, a fused part, or ('expert', E)) that component
     `comp` names: a name of `REFERENCE_PARAMS`, `embed` / `lm_head`, a module path in a layer, or `PATH.E`."""
     spec = REFERENCE_PARAMS.get(model.config.model_type, {})
-    if comp in _GLOBAL and comp in spec: return [(spec[comp], None)]
+    if comp in _GLOBAL and comp in spec:
+        return [(spec[comp], None)]
     if comp in ("embed", "lm_head"):
         end = model.get_input_embeddings() if comp == "embed" else model.get_output_embeddings()
         return [(p, None) for p, m in model.named_modules(remove_duplicate=False) if m is end]
@@ -127,7 +231,10 @@ def _modules_of(model, comp: str, layers: list[int], prefix: str) -> list[tuple[
         path, *part = (spec["parts"][comp],) if isinstance(spec["parts"][comp], str) else spec["parts"][comp]
         return [(a + path, tuple(part) or None) for a in at]
     expert = _EXPERT.fullmatch(comp)
-    return [(a + comp, None) for a in at] + ([(a + expert[1], ("expert", int(expert[2]))) for a in at] if expert else [])
+    return [(a + comp, None) for a in at] + (
+        [(a + expert[1], ("expert", int(expert[2]))) for a in at] if expert else []
+    )
+
 
 def _graft_targets(model, graft: tuple, prefix: str, owners: dict, exclude: set) -> list[tuple[list, object]]:
     "(parameter names, which values) that one graft (donor, mask, layers, components) swaps; an error if a component names none."
@@ -136,11 +243,16 @@ def _graft_targets(model, graft: tuple, prefix: str, owners: dict, exclude: set)
     idx = range(n) if layers == "all" else sorted({i % n for i in ([layers] if isinstance(layers, int) else layers)})
     out = []
     for comp in _expanded(model, comps):
-        if comp == "all": out.append(([k for ks in owners.values() for k in ks if k not in exclude], None)); continue
+        if comp == "all":
+            out.append(([k for ks in owners.values() for k in ks if k not in exclude], None))
+            continue
         found = [(owners[path], what) for path, what in _modules_of(model, comp, list(idx), prefix) if path in owners]
-        if not found: raise ValueError(f"The reference finds no parameter of component '{comp}' in this "
-                                       f"{model.config.model_type} model (layers {list(idx)}). Fix: a module path in a "
-                                       "layer, PATH.E, embed, lm_head, all, or a canonical name of REFERENCE_PARAMS.")
+        if not found:
+            raise ValueError(
+                f"The reference finds no parameter of component '{comp}' in this "
+                f"{model.config.model_type} model (layers {list(idx)}). Fix: a module path in a "
+                "layer, PATH.E, embed, lm_head, all, or a canonical name of REFERENCE_PARAMS."
+            )
         out += found
     return out
 
@@ -149,38 +261,53 @@ def _part_rows(n_out: int, part: tuple, n_heads: int) -> torch.Tensor:
     "Output indices of a fused projection that belong to `part` (('thirds', i) or ('head_thirds', i))."
     kind, i = part
     idx = torch.arange(n_out)
-    return idx[i * n_out // 3:(i + 1) * n_out // 3] if kind == "thirds" else idx.view(n_heads, 3, -1)[:, i].reshape(-1)
+    return (
+        idx[i * n_out // 3 : (i + 1) * n_out // 3] if kind == "thirds" else idx.view(n_heads, 3, -1)[:, i].reshape(-1)
+    )
+
 
 def _taken(model, mine: torch.Tensor, theirs: torch.Tensor, what) -> torch.Tensor | None:
     "`mine` with the donor's values `theirs` where `what` says (None: all; a fused part: its rows; ('expert', E)), or None."
-    if what is None: return theirs
+    if what is None:
+        return theirs
     if what[0] == "expert":
-        if mine.dim() < 2 or mine.shape[0] <= what[1]: return None
-        out = mine.clone(); out[what[1]] = theirs[what[1]]; return out
+        if mine.dim() < 2 or mine.shape[0] <= what[1]:
+            return None
+        out = mine.clone()
+        out[what[1]] = theirs[what[1]]
+        return out
     conv1d = REFERENCE_PARAMS.get(model.config.model_type, {}).get("conv1d", False)
-    dim = 1 if conv1d and mine.dim() == 2 else 0   # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
+    dim = 1 if conv1d and mine.dim() == 2 else 0  # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
     rows = _part_rows(mine.shape[dim], what, model.config.get_text_config().num_attention_heads)
     return mine.index_copy(dim, rows, theirs.index_select(dim, rows))
+
 
 def _params_at(recipient, grafts: list, targets: list, t: int) -> dict:
     "The recipient's parameters by name (tied ones apart) at token `t`: the donor's where a graft covers it, in order."
     params = dict(recipient.named_parameters(remove_duplicate=False))
     for (donor, mask, _, _), swaps in zip(grafts, targets):
-        if not mask[t]: continue
+        if not mask[t]:
+            continue
         theirs = dict(donor.named_parameters(remove_duplicate=False))
         for names, what in swaps:
             for name in names:
-                if (new := _taken(recipient, params[name], theirs[name], what)) is not None: params[name] = new
+                if (new := _taken(recipient, params[name], theirs[name], what)) is not None:
+                    params[name] = new
     return params
+
 
 def _slots(model) -> dict:
     "Parameter name (tied ones apart) -> (the module holding it, its attribute name there)."
-    return {n: (model.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
-            for n, _ in model.named_parameters(remove_duplicate=False)}
+    return {
+        n: (model.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2])
+        for n, _ in model.named_parameters(remove_duplicate=False)
+    }
+
 
 @torch.no_grad()
-def reference_last_logits(recipient, grafts: list, input_ids: torch.Tensor, exclude: set = frozenset(),
-                          copy_per_token: bool = False) -> torch.Tensor:
+def reference_last_logits(
+    recipient, grafts: list, input_ids: torch.Tensor, exclude: set = frozenset(), copy_per_token: bool = False
+) -> torch.Tensor:
     """Last-position logits of one unpadded sequence, with `grafts` = [(donor, mask (seq,), layers, components)] applied
     in order (a later one wins where two cover a parameter), token by token: the original grafting algorithm. Each step
     runs a deep copy of the recipient holding that token's parameters (the recipient is never touched); with
@@ -191,12 +318,20 @@ def reference_last_logits(recipient, grafts: list, input_ids: torch.Tensor, excl
     targets = [_graft_targets(recipient, g, prefix, owners, exclude) for g in grafts]
     cache, hybrid, takes_positions = None, None, "position_ids" in inspect.signature(recipient.forward).parameters
     for t in range(len(input_ids)):
-        if copy_per_token or hybrid is None: hybrid = copy.deepcopy(recipient); slots = _slots(hybrid)
+        if copy_per_token or hybrid is None:
+            hybrid = copy.deepcopy(recipient)
+            slots = _slots(hybrid)
         for name, p in _params_at(recipient, grafts, targets, t).items():
-            module, leaf = slots[name]; module._parameters[leaf] = p
-        kw = dict(input_ids=input_ids[None, t:t + 1], past_key_values=cache, use_cache=True,
-                  attention_mask=torch.ones(1, t + 1, dtype=torch.long))
-        if takes_positions: kw["position_ids"] = torch.tensor([[t]])
+            module, leaf = slots[name]
+            module._parameters[leaf] = p
+        kw = dict(
+            input_ids=input_ids[None, t : t + 1],
+            past_key_values=cache,
+            use_cache=True,
+            attention_mask=torch.ones(1, t + 1, dtype=torch.long),
+        )
+        if takes_positions:
+            kw["position_ids"] = torch.tensor([[t]])
         out = hybrid(**kw)
         cache = out.past_key_values
     return out.logits[0, -1].float()
@@ -204,24 +339,31 @@ def reference_last_logits(recipient, grafts: list, input_ids: torch.Tensor, excl
 # %% ../../nbs/02c_coverage.ipynb #b8ede1a0
 def _uncovered(model) -> set[str]:
     "Parameter names that no component covers (e.g. GPT-OSS's attention sinks, a parameter of the attention itself)."
-    covered = {id(p) for paths in graftable(model).values() for path in paths
-               for p in model.get_submodule(path).parameters()}
+    covered = {
+        id(p) for paths in graftable(model).values() for path in paths for p in model.get_submodule(path).parameters()
+    }
     return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in covered}
 
-DEFINITIONS_DIFFER = {   # module name -> why the engine and the token-by-token definition of grafting differ there
+
+DEFINITIONS_DIFFER = {  # module name -> why the engine and the token-by-token definition of grafting differ there
     "kv_b_proj": "multi-head latent attention caches the compressed keys and values and expands every cached position "
-                 "with kv_b_proj at each step, so token-by-token weight swapping would expand earlier positions with "
-                 "the current token's weights; the engine grafts it per position (position i's keys and values from "
-                 "the weights at i)"}
+    "with kv_b_proj at each step, so token-by-token weight swapping would expand earlier positions with "
+    "the current token's weights; the engine grafts it per position (position i's keys and values from "
+    "the weights at i)"
+}
+
 
 def _differ(model) -> list[str]:
     "The layer modules where the two definitions of grafting differ (`DEFINITIONS_DIFFER`): not compared."
     return [p for p in architecture(model)["modules"] if p.rsplit(".", 1)[-1] in DEFINITIONS_DIFFER]
 
+
 def _short(name: str, prefix: str) -> str:
     "A parameter's name for the table: relative to its layer, or its top two modules outside the layers."
-    if name.startswith(prefix + "."): return name[len(prefix) + 1:].split(".", 1)[1]
+    if name.startswith(prefix + "."):
+        return name[len(prefix) + 1 :].split(".", 1)[1]
     return ".".join(name.split(".")[:2])
+
 
 def checked_components(model) -> list:
     """What the coverage check grafts, one at a time: every layer module path, two experts per expert module, the
@@ -232,78 +374,115 @@ def checked_components(model) -> list:
     together = [c for c in resolve_components(model, "all") if c not in skip]
     return [*(p for p in arch["modules"] if p not in skip), *experts, *ends, together]
 
+
 def _difference(model, donor, comp, ids: torch.Tensor, mask: torch.Tensor, exclude: set) -> tuple[float, float]:
     "Max |dp| and |dlog p| between the engine and the reference for one component (a list: all together)."
     with torch.no_grad(), graft(model, donor, mask, layers="all", components=comp):
         got = model(input_ids=ids).logits[:, -1].float()
     dp = dlp = 0.0
     for i in range(len(ids)):
-        want = reference_last_logits(model, [(donor, mask[i], "all", ["all"] if isinstance(comp, list) else [comp])],
-                                     ids[i], exclude)
+        want = reference_last_logits(
+            model, [(donor, mask[i], "all", ["all"] if isinstance(comp, list) else [comp])], ids[i], exclude
+        )
         dp = max(dp, (got[i].softmax(-1) - want.softmax(-1)).abs().max().item())
         dlp = max(dlp, (got[i].log_softmax(-1) - want.log_softmax(-1)).abs().max().item())
     return dp, dlp
+
 
 def check_family(model_type: str, seq: int = 6, seed: int = 0) -> dict:
     "Build `model_type` tiny, then grade it: exact, mismatch (the worst component), not supported or not built (why)."
     t0 = time.perf_counter()
     row = dict(model_type=model_type)
-    try: model = tiny_random(model_type)
-    except Exception as e: return dict(row, status="not built", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    if reason := unsupported_reason(model): return dict(row, status="not supported", reason=reason)
+    try:
+        model = tiny_random(model_type)
+    except Exception as e:
+        return dict(row, status="not built", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    if reason := unsupported_reason(model):
+        return dict(row, status="not supported", reason=reason)
     donor, g = perturbed(model), torch.Generator().manual_seed(seed)
     ids = torch.randint(1, model.config.get_text_config().vocab_size, (2, seq), generator=g)
     mask = torch.rand(2, seq, generator=g) < 0.5
     mask[0, -1], mask[1, -1] = True, False
     if not hasattr(model(input_ids=ids[:, :1]), "past_key_values"):
-        return dict(row, status="not checked", reason="the model keeps no KV cache, which the token-by-token reference needs")
+        return dict(
+            row, status="not checked", reason="the model keeps no KV cache, which the token-by-token reference needs"
+        )
     skip = _differ(model)
     exclude = _uncovered(model) | {n for n, _ in model.named_parameters() if any(f".{p}." in n for p in skip)}
     worst = (0.0, 0.0, "")
     for comp in checked_components(model):
-        try: dp, dlp = _difference(model, donor, comp, ids, mask, exclude)
-        except Exception as e: return dict(row, status="fails", reason=f"{comp}: {type(e).__name__}: {str(e)[:160]}")
-        if (dp, dlp) > worst[:2]: worst = (dp, dlp, "all" if isinstance(comp, list) else comp)
+        try:
+            dp, dlp = _difference(model, donor, comp, ids, mask, exclude)
+        except Exception as e:
+            return dict(row, status="fails", reason=f"{comp}: {type(e).__name__}: {str(e)[:160]}")
+        if (dp, dlp) > worst[:2]:
+            worst = (dp, dlp, "all" if isinstance(comp, list) else comp)
     ok = worst[0] <= 1e-5 and worst[1] <= 1e-4
     arch = architecture(model)
-    return dict(row, status="exact" if ok else "mismatch", max_dp=worst[0], max_dlogp=worst[1], worst=worst[2],
-                canonical=sorted(arch["names"]), modules=len(arch["modules"]), experts=arch["n_experts"] if arch["experts"] else 0,
-                uncovered=sorted({_short(n, layer_prefix(model)) for n in _uncovered(model)}),
-                not_compared=skip,
-                seconds=round(time.perf_counter() - t0, 2))
+    return dict(
+        row,
+        status="exact" if ok else "mismatch",
+        max_dp=worst[0],
+        max_dlogp=worst[1],
+        worst=worst[2],
+        canonical=sorted(arch["names"]),
+        modules=len(arch["modules"]),
+        experts=arch["n_experts"] if arch["experts"] else 0,
+        uncovered=sorted({_short(n, layer_prefix(model)) for n in _uncovered(model)}),
+        not_compared=skip,
+        seconds=round(time.perf_counter() - t0, 2),
+    )
 
 # %% ../../nbs/02c_coverage.ipynb #ef8b84d9
 def _components_cell(row: dict) -> str:
     "The canonical components a family has, its expert count, and the parameters no component covers."
     text = ", ".join(row["canonical"]) or "(paths only)"
-    if row.get("experts"): text += f"; {row['experts']} experts each"
-    if row.get("uncovered"): text += f"; not graftable: {', '.join(row['uncovered'])}"
-    if row.get("not_compared"): text += f"; not compared: {', '.join(row['not_compared'])} (see below)"
+    if row.get("experts"):
+        text += f"; {row['experts']} experts each"
+    if row.get("uncovered"):
+        text += f"; not graftable: {', '.join(row['uncovered'])}"
+    if row.get("not_compared"):
+        text += f"; not compared: {', '.join(row['not_compared'])} (see below)"
     return text
+
 
 def markdown_table(rows: list[dict]) -> str:
     "The coverage table: family, status (exact / why not), components."
     lines = ["| model type | status | components (besides every module by its path) |", "|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["status"] != "exact", r["model_type"])):
-        if r["status"] == "exact": lines.append(f"| {r['model_type']} | exact ({r['max_dp']:.0e}) | {_components_cell(r)} |")
+        if r["status"] == "exact":
+            lines.append(f"| {r['model_type']} | exact ({r['max_dp']:.0e}) | {_components_cell(r)} |")
         elif r["status"] == "mismatch":
             lines.append(f"| {r['model_type']} | mismatch: {r['max_dp']:.1e} at {r['worst']} | {_components_cell(r)} |")
-        else: lines.append(f"| {r['model_type']} | {r['status']}: {r['reason'].replace('|', '/')} | |")
+        else:
+            lines.append(f"| {r['model_type']} | {r['status']}: {r['reason'].replace('|', '/')} | |")
     return "\n".join(lines)
+
 
 def _timed_check(model_type: str, limit: int) -> dict:
     "`check_family`, given up after `limit` seconds (a family whose tiny model is not tiny)."
-    def stop(*_): raise TimeoutError(f"took over {limit} s")
-    old = signal.signal(signal.SIGALRM, stop); signal.alarm(limit)
-    try: return check_family(model_type)
-    except TimeoutError as e: return dict(model_type=model_type, status="not built", reason=f"TimeoutError: {e}")
-    except Exception as e:   # build errors are caught in check_family: this one came from grafting or the reference
+
+    def stop(*_):
+        raise TimeoutError(f"took over {limit} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(limit)
+    try:
+        return check_family(model_type)
+    except TimeoutError as e:
+        return dict(model_type=model_type, status="not built", reason=f"TimeoutError: {e}")
+    except Exception as e:  # build errors are caught in check_family: this one came from grafting or the reference
         return dict(model_type=model_type, status="fails", reason=f"{type(e).__name__}: {e}"[:200])
-    finally: signal.alarm(0); signal.signal(signal.SIGALRM, old)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
 
 def main(argv=None):
     "Check families and print the coverage table."
-    import argparse, json
+    import argparse
+    import json
+
     ap = argparse.ArgumentParser(description="Which transformers families dwg can graft, each checked on a tiny model.")
     ap.add_argument("--types", nargs="*", help="model types (default: every causal-LM type of transformers)")
     ap.add_argument("--jsonl", help="also write one JSON line per family here")
@@ -314,10 +493,12 @@ def main(argv=None):
         rows.append(_timed_check(mt, args.limit))
         print(f"{mt}: {rows[-1]['status']}", file=sys.stderr, flush=True)
         if args.jsonl:
-            with open(args.jsonl, "a") as f: f.write(json.dumps(rows[-1]) + "\n")
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
     print(markdown_table(rows))
     return rows
 
 # %% ../../nbs/02c_coverage.ipynb #93c24e69
 #| eval: false
-if __name__ == "__main__": main()
+if __name__ == "__main__":
+    main()

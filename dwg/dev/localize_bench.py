@@ -11,7 +11,6 @@ from .bench import bench_examples
 from ..science.evaluate import prepare
 from ..engine.interpolate import Grid, interpolation, role_index, interpolated, logprobs_at, target_logprob
 
-
 # %% auto #0
 __all__ = ['benchmark']
 
@@ -23,28 +22,47 @@ def _model_gradient(model, prep: dict):
     logits = model(inputs_embeds=e, **batch, logits_to_keep=1, use_cache=False).logits
     torch.autograd.grad(target_logprob(logits, prep).sum(), e)
 
+
 def _paired(fns: dict, plain, repeat: int) -> dict:
     """Seconds of each of `fns` (name -> list of calls) and their cost in plain forwards: each call is timed between two
     plain forwards and compared with their mean, so a noisy machine's drift cancels; each plain forward is the second of
     two in a row (the first, just after heavier work, pays for memory handed back); medians of `repeat` rounds."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)   # a GPU's work, not its launches
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # a GPU's work, not its launches
+
     def timed(f):
-        sync(); t = time.perf_counter(); f(); sync(); return time.perf_counter() - t
+        sync()
+        t = time.perf_counter()
+        f()
+        sync()
+        return time.perf_counter() - t
+
     warm = lambda: (plain(), timed(plain))[1]
     secs, ratios = defaultdict(list), defaultdict(list)
-    for r in range(repeat + 1):   # round 0 warms up
+    for r in range(repeat + 1):  # round 0 warms up
         before = warm()
         for name, calls in fns.items():
             own = base = 0.0
             for f in calls:
                 t, after = timed(f), warm()
                 own, base, before = own + t, base + (before + after) / 2, after
-            if r: secs[name].append(own / len(calls)); secs["plain"].append(base / len(calls)); ratios[name].append(own / base)
+            if r:
+                secs[name].append(own / len(calls))
+                secs["plain"].append(base / len(calls))
+                ratios[name].append(own / base)
     med = lambda v: sorted(v)[len(v) // 2]
     return dict(seconds={k: med(v) for k, v in secs.items()}, over_plain={k: med(v) for k, v in ratios.items()})
 
-def benchmark(recipient, donor, tokenizer, examples: list[dict], grid: Grid | None = None, steps: int = 8,
-              repeat: int = 5, **grid_kw) -> dict:
+
+def benchmark(
+    recipient,
+    donor,
+    tokenizer,
+    examples: list[dict],
+    grid: Grid | None = None,
+    steps: int = 8,
+    repeat: int = 5,
+    **grid_kw,
+) -> dict:
     """Cost on one batch, in plain forwards of the recipient (no gradient): attribution at 0, at 1, per integrated-gradient
     step (`steps` points), and the model's own gradient (what any gradient pays); the per-run setup (weight differences)
     apart."""
@@ -53,35 +71,65 @@ def benchmark(recipient, donor, tokenizer, examples: list[dict], grid: Grid | No
     started = time.perf_counter()
     (sites, models), roles, n = interpolation(recipient, donor, grid, examples), role_index(prep, grid.roles), len(grid)
     setup = time.perf_counter() - started
-    def plain():
-        with torch.no_grad(): recipient(**prep["batch"], logits_to_keep=1, use_cache=False)
-    def point(v):   # the interpolation is entered per call: the plain forwards between run unpatched
-        def run():
-            with interpolated(sites, models) as sp: logprobs_at(recipient, prep, roles, sp, torch.full((n,), v), True)
-        return run
-    inner = [(k + 0.5) / steps for k in range(steps)]
-    move = lambda: [s.at(inner[0]) for s in sites if s.kind == "weights"]   # each into the shared buffer of its shape
-    res = _paired(dict(a0=[point(0.0)], a1=[point(1.0)], ig_step=[point(v) for v in inner],
-                       model_gradient=[lambda: _model_gradient(recipient, prep)], weight_move=[move]), plain, repeat)
-    res["over_model_gradient"] = {k: res["over_plain"][k] - res["over_plain"]["model_gradient"] for k in ("a0", "a1", "ig_step")}
-    return dict(batch=len(examples), width=prep["batch"]["input_ids"].shape[1], cells=n, steps=steps, repeat=repeat,
-                live=prep["batch"]["attention_mask"].float().mean().item(), setup_seconds=setup, **res)
 
+    def plain():
+        with torch.no_grad():
+            recipient(**prep["batch"], logits_to_keep=1, use_cache=False)
+
+    def point(v):  # the interpolation is entered per call: the plain forwards between run unpatched
+        def run():
+            with interpolated(sites, models) as sp:
+                logprobs_at(recipient, prep, roles, sp, torch.full((n,), v), True)
+
+        return run
+
+    inner = [(k + 0.5) / steps for k in range(steps)]
+    move = lambda: [s.at(inner[0]) for s in sites if s.kind == "weights"]  # each into the shared buffer of its shape
+    res = _paired(
+        dict(
+            a0=[point(0.0)],
+            a1=[point(1.0)],
+            ig_step=[point(v) for v in inner],
+            model_gradient=[lambda: _model_gradient(recipient, prep)],
+            weight_move=[move],
+        ),
+        plain,
+        repeat,
+    )
+    res["over_model_gradient"] = {
+        k: res["over_plain"][k] - res["over_plain"]["model_gradient"] for k in ("a0", "a1", "ig_step")
+    }
+    return dict(
+        batch=len(examples),
+        width=prep["batch"]["input_ids"].shape[1],
+        cells=n,
+        steps=steps,
+        repeat=repeat,
+        live=prep["batch"]["attention_mask"].float().mean().item(),
+        setup_seconds=setup,
+        **res,
+    )
 
 # %% ../../nbs/03b_localize_bench.ipynb #b008
 def _bench_cli(argv=None) -> dict:
     """`python -m dwg.dev.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint
     (`--donor`; without, the model with its weights perturbed)."""
-    import argparse, json
+    import argparse
+    import json
     from dwg.science.models import load
     from dwg.dev.coverage import perturbed
+
     ap = argparse.ArgumentParser(description=_bench_cli.__doc__)
-    ap.add_argument("--model", default="smollm2-135m"); ap.add_argument("--donor", default=None)
-    ap.add_argument("--batch", type=int, default=32); ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=5); ap.add_argument("--workdir", default=None)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--donor", default=None)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
     import tempfile
-    exs = bench_examples(a.workdir or tempfile.mkdtemp(), a.batch)[0][:a.batch]
+
+    exs = bench_examples(a.workdir or tempfile.mkdtemp(), a.batch)[0][: a.batch]
     rec, tok = load(a.model)
     don = load(a.donor)[0] if a.donor else perturbed(rec, scale=0.05)
     res = benchmark(rec, don, tok, exs, steps=a.steps, repeat=a.repeat, roles=("first_actor", "last_token", "other"))
@@ -89,4 +137,6 @@ def _bench_cli(argv=None) -> dict:
     print(json.dumps(res, indent=1))
     return res
 
-if __name__ == "__main__" and "__file__" in globals(): _bench_cli()
+
+if __name__ == "__main__" and "__file__" in globals():
+    _bench_cli()

@@ -4,7 +4,10 @@
 
 # %% ../../nbs/09_testing.ipynb #eab3f6e5
 from __future__ import annotations
-import json, os, shutil, tempfile
+import json
+import os
+import shutil
+import tempfile
 from multiprocessing.util import Finalize
 from pathlib import Path
 import numpy as np
@@ -16,25 +19,35 @@ __all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'demo_
            'synthetic_paper_results']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
-STANDIN_PARAMETERS = {   # the parameters cell of each stand-in: the same names as the real experiment notebook's
+STANDIN_PARAMETERS = {  # the parameters cell of each stand-in: the same names as the real experiment notebook's
     "create_dataset": 'kind = "fake_movies_fake_actors"\nn_facts = 4\nseed = 0\nout_dir = ""',
-    "train": ('model = "tiny-llama"\ndataset_dir = ""\ndirection = "all"\nsplit = "all"\nconfig = "tiny"\n'
-              'overrides = {}\nout_dir = ""\nseed = 0'),
-    "graft_positions": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
-                        'plans = "position"\nsplit = "all"\nbatch_size = 64\ngenerate = True\ngenerated = "base"\n'
-                        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []'),
-    "graft_components": ('pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
-                         'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
-                         'out_dir = ""\nseed = 0'),
-    "graft_methods": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
-                      'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0'),
-    "localize": ('pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "paper"\nsplit = "relation"\n'
-                 'roles = []\ncomponents = []\nvalidate_components = []\nsteps = 8\ntarget = 0.9\n'
-                 'max_fraction = 0.05\nbatch_size = 32\nmax_examples = 0\nbench_repeat = 0\nout_dir = ""\nseed = 0'),
+    "train": (
+        'model = "tiny-llama"\ndataset_dir = ""\ndirection = "all"\nsplit = "all"\nconfig = "tiny"\n'
+        'overrides = {}\nout_dir = ""\nseed = 0'
+    ),
+    "graft_positions": (
+        'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
+        'plans = "position"\nsplit = "all"\nbatch_size = 64\ngenerate = True\ngenerated = "base"\n'
+        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []'
+    ),
+    "graft_components": (
+        'pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
+        'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
+        'out_dir = ""\nseed = 0'
+    ),
+    "graft_methods": (
+        'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
+        'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0'
+    ),
+    "localize": (
+        'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "paper"\nsplit = "relation"\n'
+        "roles = []\ncomponents = []\nvalidate_components = []\nsteps = 8\ntarget = 0.9\n"
+        'max_fraction = 0.05\nbatch_size = 32\nmax_examples = 0\nbench_repeat = 0\nout_dir = ""\nseed = 0'
+    ),
     "figures": 'runs_dir = ""\ninclude = "all"\nk = 5\nout_dir = ""',
 }
 
-_STANDIN_SETUP = '''\
+_STANDIN_SETUP = """\
 import hashlib, json, os, time, tempfile
 from pathlib import Path
 from dwg.runs import publish_dir, read_jsonl, report_progress, write_jsonl, write_run_record
@@ -74,16 +87,16 @@ def grafting_results(*models, prob=None):
     time.sleep(SLEEP)
     write_jsonl(out / "results.jsonl", rows)
     finish(rows=len(rows))
-'''
+"""
 
 _STANDIN_BODY = {
-    "create_dataset": '''\
+    "create_dataset": """\
 out.mkdir(parents=True)   # like dwg.science.data.create_dataset: refuses an existing directory
 (out / "value.txt").write_text(digest(kind, n_facts, seed))
 write_jsonl(out / "eval.jsonl", [dict(fact_id=f"f{i:04d}") for i in range(n_facts)])
 time.sleep(SLEEP)
-finish(facts=n_facts)''',
-    "train": '''\
+finish(facts=n_facts)""",
+    "train": """\
 work = out.with_name(out.name + ".tmp")   # like dwg.pipeline.train: resumable from its checkpoints
 work.mkdir(parents=True, exist_ok=True)
 for step in range(3):
@@ -97,12 +110,12 @@ for step in range(3):
     report_progress("train step", step + 1, 3)
 (work / "value.txt").write_text(digest(model, read(dataset_dir), split, config, seed))
 publish_dir(work, out)
-finish(steps=3)''',
+finish(steps=3)""",
     "graft_positions": "grafting_results(finetuned)",
     "graft_components": "grafting_results(task, relation, prob=0.5)",
     "graft_methods": "grafting_results(finetuned)",
     "localize": "grafting_results(finetuned)",
-    "figures": '''\
+    "figures": """\
 out.mkdir(parents=True, exist_ok=True)
 found = []
 for p in sorted(Path(runs_dir).glob("graft_*/*/results.jsonl")):
@@ -110,7 +123,7 @@ for p in sorted(Path(runs_dir).glob("graft_*/*/results.jsonl")):
     if include == "all" or str(p.parent.relative_to(runs_dir)) in include:
         found.append(str(p.relative_to(runs_dir)))
 (out / "tables.json").write_text(json.dumps(dict(k=k, results=found)))
-finish(results=len(found))''',
+finish(results=len(found))""",
 }
 
 # %% ../../nbs/09_testing.ipynb #80fcf8d0
@@ -119,14 +132,20 @@ def _cell(i: int, kind: str, source: str, tags=()) -> dict:
     cell = dict(cell_type=kind, id=f"c{i}", metadata=dict(tags=list(tags)) if tags else {}, source=source)
     return {**cell, **(dict(outputs=[], execution_count=None) if kind == "code" else {})}
 
+
 def standin_notebook(name: str) -> dict:
     "The stand-in notebook `name` (a stage's notebook name, e.g. 'train') as a notebook dict."
     params = STANDIN_PARAMETERS[name]
     names = [line.split("=")[0].strip() for line in params.splitlines()]
-    cells = [_cell(0, "markdown", f"# stand-in {name}"), _cell(1, "code", params, ["parameters"]),
-             _cell(2, "code", f"PARAMS = {names!r}\n" + _STANDIN_SETUP), _cell(3, "code", _STANDIN_BODY[name])]
+    cells = [
+        _cell(0, "markdown", f"# stand-in {name}"),
+        _cell(1, "code", params, ["parameters"]),
+        _cell(2, "code", f"PARAMS = {names!r}\n" + _STANDIN_SETUP),
+        _cell(3, "code", _STANDIN_BODY[name]),
+    ]
     kernel = dict(name="python3", display_name="python3", language="python")
     return dict(nbformat=4, nbformat_minor=5, metadata=dict(kernelspec=kernel), cells=cells)
+
 
 def standin_notebooks(dest) -> Path:
     "Write stand-in experiment notebooks (same parameters as the real ones, no ML) into `dest`."
@@ -140,30 +159,58 @@ def standin_notebooks(dest) -> Path:
 def demo_dir(prefix: str = "dwg-demo-") -> str:
     "A new temporary directory for a notebook's demo outputs; removed at exit when the notebook runs as a test (`IN_TEST`)."
     path = tempfile.mkdtemp(prefix=prefix)
-    if os.environ.get("IN_TEST"):   # multiprocessing's exit hooks: nbdev_test runs notebooks in worker processes,
-        Finalize(None, shutil.rmtree, (path,), dict(ignore_errors=True), exitpriority=0)   # which skip atexit
+    if os.environ.get("IN_TEST"):  # multiprocessing's exit hooks: nbdev_test runs notebooks in worker processes,
+        Finalize(None, shutil.rmtree, (path,), dict(ignore_errors=True), exitpriority=0)  # which skip atexit
     return path
 
 # %% ../../nbs/09_testing.ipynb #663d512e
-_SYNTH_TOP1 = {"PRE": .02, "SFT": .95, "FE": .35, "LT": .3, "FE+LT": .9, "(FE+LT)^C": .05, "not_FE": .3, "not_LT": .35,
-               "M": .05, "FE+M": .4, "M+LT": .35, "FE+M+LT": .92, "TASK": .02, "RELATION": .93, "FE+LT:relation->task": .85}
-_SYNTH_COMPONENTS = {"attn+ffn": .4, "o+ffn": .38, "ffn": .25, "o": .12, "attn": .2}
+_SYNTH_TOP1 = {
+    "PRE": 0.02,
+    "SFT": 0.95,
+    "FE": 0.35,
+    "LT": 0.3,
+    "FE+LT": 0.9,
+    "(FE+LT)^C": 0.05,
+    "not_FE": 0.3,
+    "not_LT": 0.35,
+    "M": 0.05,
+    "FE+M": 0.4,
+    "M+LT": 0.35,
+    "FE+M+LT": 0.92,
+    "TASK": 0.02,
+    "RELATION": 0.93,
+    "FE+LT:relation->task": 0.85,
+}
+_SYNTH_COMPONENTS = {"attn+ffn": 0.4, "o+ffn": 0.38, "ffn": 0.25, "o": 0.12, "attn": 0.2}
+
 
 def _synthetic_top1(plan: str) -> float:
     "The made-up top-1 accuracy of a plan in `synthetic_results`."
-    if plan in _SYNTH_TOP1: return _SYNTH_TOP1[plan]
+    if plan in _SYNTH_TOP1:
+        return _SYNTH_TOP1[plan]
     p = paper_plans().get(plan)
-    if p is None or p.component_set is None: return .1
+    if p is None or p.component_set is None:
+        return 0.1
     if "depth" in p.figures:
         q = QUARTERS.index(p.layer_group)
-        by_quarter = {"FE": [.25, .3, .1, .05], "LT": [.05, .1, .3, .25]}.get(p.position, [.1] * 4)
+        by_quarter = {"FE": [0.25, 0.3, 0.1, 0.05], "LT": [0.05, 0.1, 0.3, 0.25]}.get(p.position, [0.1] * 4)
         return by_quarter[q] * (1.5 if "+" in p.component_set else 1)
-    base = _SYNTH_COMPONENTS.get(p.component_set, .05)
-    return min(.95, base * (1.1 if p.layer_group == "last_half" else 1) + (.4 if p.variant == "hybrid" else 0))
+    base = _SYNTH_COMPONENTS.get(p.component_set, 0.05)
+    return min(0.95, base * (1.1 if p.layer_group == "last_half" else 1) + (0.4 if p.variant == "hybrid" else 0))
 
-def synthetic_results(plans=None, n_facts: int = 20, templates=("relation_statement", "costar"), model: str = "synthetic-model",
-                      dataset: str = "synthetic-facts", experiment: str | None = None, p_scale: float = 1.0,
-                      skip_rate: float = 0.0, generate: bool = True, seed: int = 0) -> pd.DataFrame:
+
+def synthetic_results(
+    plans=None,
+    n_facts: int = 20,
+    templates=("relation_statement", "costar"),
+    model: str = "synthetic-model",
+    dataset: str = "synthetic-facts",
+    experiment: str | None = None,
+    p_scale: float = 1.0,
+    skip_rate: float = 0.0,
+    generate: bool = True,
+    seed: int = 0,
+) -> pd.DataFrame:
     "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
     rng = np.random.default_rng(seed)
     plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
@@ -175,27 +222,43 @@ def synthetic_results(plans=None, n_facts: int = 20, templates=("relation_statem
         exp = experiment or ("components" if roles and roles <= {"task", "relation"} else "positions")
         for f in range(n_facts):
             for t in templates:
-                row = dict(plan=plan, fact_id=f"f{f:04d}", template=t, model=model, dataset=dataset, experiment=exp,
-                           skipped=bool(rng.random() < skip_rate), skip_reason=None)
+                row = dict(
+                    plan=plan,
+                    fact_id=f"f{f:04d}",
+                    template=t,
+                    model=model,
+                    dataset=dataset,
+                    experiment=exp,
+                    skipped=bool(rng.random() < skip_rate),
+                    skip_reason=None,
+                )
                 if row["skipped"]:
                     row["skip_reason"] = "span not found"
                     rows.append(row)
                     continue
                 hit = rng.random() < p1
                 rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
-                row.update(rank=rank, prob=float(rng.uniform(.3, .9) if hit else rng.uniform(1e-4, .2)))
+                row.update(rank=rank, prob=float(rng.uniform(0.3, 0.9) if hit else rng.uniform(1e-4, 0.2)))
                 row["logprob"] = float(np.log(row["prob"]))
-                if generate: row["exact_match"] = bool(hit and rng.random() < .85)
+                if generate:
+                    row["exact_match"] = bool(hit and rng.random() < 0.85)
                 rows.append(row)
     return pd.DataFrame(rows)
 
-def synthetic_paper_results(n_facts: int = 12, templates=("relation_statement", "costar"), seed: int = 0,
-                            model: str = "synthetic-model", dataset: str = "synthetic-facts") -> pd.DataFrame:
+
+def synthetic_paper_results(
+    n_facts: int = 12,
+    templates=("relation_statement", "costar"),
+    seed: int = 0,
+    model: str = "synthetic-model",
+    dataset: str = "synthetic-facts",
+) -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    methods = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]   # figure 4's plans are among them
+    methods = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]  # figure 4's plans are among them
     positions = list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + methods
     pos = synthetic_results(positions, n_facts, templates, model, dataset, "positions", skip_rate=0.02, seed=seed)
     components = [*figure_references("components"), *figure_order("components")]
-    comp = synthetic_results(components, n_facts, templates, model, dataset, "components", generate=False,
-                             seed=seed + 1)
+    comp = synthetic_results(
+        components, n_facts, templates, model, dataset, "components", generate=False, seed=seed + 1
+    )
     return pd.concat([pos, comp], ignore_index=True)

@@ -4,7 +4,9 @@
 
 # %% ../../nbs/01a_arch.ipynb #79100561
 from __future__ import annotations
-import inspect, re, weakref
+import inspect
+import re
+import weakref
 import torch
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -14,142 +16,211 @@ __all__ = ['PROJECTIONS', 'FUSED', 'PROBE', 'decoder_layers', 'n_experts', 'is_e
            'architecture']
 
 # %% ../../nbs/01a_arch.ipynb #a9bde769
-_RECURRENT = re.compile(r"Mamba|Rwkv|RWKV|LinearAttention|GatedDeltaNet|DeltaNet|ShortConv|Mixer|xLSTM|Lstm|LSTM"
-                        r"|Recurrent|Conv1d$|SConv|Lightning")   # not GPT-2's Conv1D: a linear layer
+_RECURRENT = re.compile(
+    r"Mamba|Rwkv|RWKV|LinearAttention|GatedDeltaNet|DeltaNet|ShortConv|Mixer|xLSTM|Lstm|LSTM"
+    r"|Recurrent|Conv1d$|SConv|Lightning"
+)  # not GPT-2's Conv1D: a linear layer
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_routed")
+
 
 def _has_weights(module) -> bool:
     "Whether `module` holds parameters of its own (not only through children)."
     return module is not None and any(True for _ in module.parameters(recurse=False))
+
 
 def _text_config(model):
     "The text model's config (a multimodal config keeps it apart)."
     cfg = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
+
 def decoder_layers(model) -> tuple[str, torch.nn.ModuleList]:
     "(path, module list) of the decoder layers: the module list with `num_hidden_layers` entries that holds weights."
     n = getattr(_text_config(model), "num_hidden_layers", None)
     for path, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) == n and any(True for _ in m.parameters()): return path, m
-    raise ValueError(f"Grafting found no list of {n} decoder layers (config.num_hidden_layers) in this "
-                     f"{model.config.model_type} model. Fix: grafting needs a decoder-only model whose layers are one "
-                     "torch.nn.ModuleList.")
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n and any(True for _ in m.parameters()):
+            return path, m
+    raise ValueError(
+        f"Grafting found no list of {n} decoder layers (config.num_hidden_layers) in this "
+        f"{model.config.model_type} model. Fix: grafting needs a decoder-only model whose layers are one "
+        "torch.nn.ModuleList."
+    )
+
 
 def n_experts(model) -> int | None:
     "The number of routed experts per MoE layer, from the config, or None."
     cfg = _text_config(model)
     return next((getattr(cfg, k) for k in _EXPERT_COUNTS if isinstance(getattr(cfg, k, None), int)), None)
 
+
 def is_experts(module, n: int | None) -> bool:
     "A module holding every expert's weights as parameters with a leading experts dimension of size `n`."
     ps = list(module.parameters(recurse=False))
     return n is not None and any(p.dim() == 3 for p in ps) and all(p.dim() >= 2 and p.shape[0] == n for p in ps)
 
+
 def _per_position(layer, n: int | None) -> list[str]:
     "Paths (relative to `layer`) of its per-position modules: weights and no weighted children, or experts."
     out = []
     for path, m in layer.named_modules():
-        if not path or any(path.startswith(p + ".") for p in out): continue
+        if not path or any(path.startswith(p + ".") for p in out):
+            continue
         leaf = not any(_has_weights(c) for c in m.modules() if c is not m)
-        if _has_weights(m) and (leaf or is_experts(m, n)): out.append(path)
+        if _has_weights(m) and (leaf or is_experts(m, n)):
+            out.append(path)
     return out
+
 
 def layer_modules(model) -> dict[str, list[int]]:
     "Every per-position module path (relative to a decoder layer) -> the layers that have it, in layer-0 order first."
     _, layers = decoder_layers(model)
     n, out = n_experts(model), {}
     for i, layer in enumerate(layers):
-        for path in _per_position(layer, n): out.setdefault(path, []).append(i)
+        for path in _per_position(layer, n):
+            out.setdefault(path, []).append(i)
     return out
+
 
 def unsupported_reason(model) -> str | None:
     "Why grafting cannot handle this model (no decoder layers, recurrent/state-space layers, cross-attention), or None."
     cfg = model.config
     if getattr(cfg, "is_encoder_decoder", False) or getattr(cfg, "add_cross_attention", False):
         return "an encoder-decoder (cross-attention) model; grafting handles decoder-only language models"
-    try: path, layers = decoder_layers(model)
-    except ValueError as e: return str(e)
-    if any(getattr(m, "is_causal", True) is False for m in layers[0].modules()) or \
-            getattr(cfg, "is_decoder", None) is False and cfg.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return ("not a causal decoder: an encoder family (BERT-style) whose self-attention sees later positions unless "
-                "config.is_decoder is set")
+    try:
+        path, layers = decoder_layers(model)
+    except ValueError as e:
+        return str(e)
+    if (
+        any(getattr(m, "is_causal", True) is False for m in layers[0].modules())
+        or getattr(cfg, "is_decoder", None) is False
+        and cfg.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    ):
+        return (
+            "not a causal decoder: an encoder family (BERT-style) whose self-attention sees later positions unless "
+            "config.is_decoder is set"
+        )
     for layer in layers:
         for name, m in layer.named_modules():
             if _RECURRENT.search(type(m).__name__) or "conv" in name.rsplit(".", 1)[-1].lower():
-                return (f"its layers hold a recurrent, state-space or convolutional mixer ({type(m).__name__} at "
-                        f"'{path}.N.{name}') that carries state across positions; grafting needs per-position modules")
+                return (
+                    f"its layers hold a recurrent, state-space or convolutional mixer ({type(m).__name__} at "
+                    f"'{path}.N.{name}') that carries state across positions; grafting needs per-position modules"
+                )
     return None
 
 # %% ../../nbs/01a_arch.ipynb #c950399a
 PROJECTIONS = {  # canonical name -> (block, module names); block: the attention or MLP child of the layer
-    "q": ("attn", ("q_proj", "query", "wq", "Wq", "q_lin")), "k": ("attn", ("k_proj", "key", "wk", "Wk", "k_lin")),
+    "q": ("attn", ("q_proj", "query", "wq", "Wq", "q_lin")),
+    "k": ("attn", ("k_proj", "key", "wk", "Wk", "k_lin")),
     "v": ("attn", ("v_proj", "value", "wv", "Wv", "v_lin")),
     "o": ("attn", ("o_proj", "out_proj", "dense", "c_proj", "wo", "Wo", "out_lin")),
     "q_norm": ("attn", ("q_norm", "q_layernorm", "query_layernorm")),
     "k_norm": ("attn", ("k_norm", "k_layernorm", "key_layernorm")),
-    "gate": ("mlp", ("gate_proj", "w1")), "up": ("mlp", ("up_proj", "c_fc", "fc1", "fc_in", "dense_h_to_4h", "w3")),
+    "gate": ("mlp", ("gate_proj", "w1")),
+    "up": ("mlp", ("up_proj", "c_fc", "fc1", "fc_in", "dense_h_to_4h", "w3")),
     "down": ("mlp", ("down_proj", "c_proj", "fc2", "fc_out", "dense_4h_to_h", "w2")),
-    "router": ("mlp", ("gate", "router")), "experts": ("mlp", ("experts",)),
+    "router": ("mlp", ("gate", "router")),
+    "experts": ("mlp", ("experts",)),
 }
 FUSED = {  # fused projection -> its canonical parts and layout: 'blocks' = [q | k | v] rows (GQA sizes), 'heads' =
     # per head [q k v] (GPT-NeoX), 'halves' = [gate | up]
-    "qkv_proj": (("q", "k", "v"), "blocks"), "c_attn": (("q", "k", "v"), "blocks"), "Wqkv": (("q", "k", "v"), "blocks"),
-    "query_key_value": (("q", "k", "v"), "heads"), "gate_up_proj": (("gate", "up"), "halves"),
+    "qkv_proj": (("q", "k", "v"), "blocks"),
+    "c_attn": (("q", "k", "v"), "blocks"),
+    "Wqkv": (("q", "k", "v"), "blocks"),
+    "query_key_value": (("q", "k", "v"), "heads"),
+    "gate_up_proj": (("gate", "up"), "halves"),
 }
 _NORMS = dict(  # norm module names directly in a layer, by where they act
-    pre_attn=("input_layernorm", "ln_1", "ln1", "attention_norm", "layernorm1", "norm_1", "norm1", "operator_norm",
-              "self_attn_layer_norm", "attention_layernorm"),
-    pre_mlp=("pre_feedforward_layernorm", "ln_2", "ln2", "ffn_norm", "layernorm2", "norm_2", "norm2", "pre_mlp_layernorm",
-             "final_layer_norm", "mlp_norm", "pre_ff_layernorm", "feedforward_layernorm"),
-    post_attn=("post_self_attn_layernorm", "post_norm1"), post_mlp=("post_feedforward_layernorm", "post_mlp_layernorm",
-                                                                     "post_norm2"))
+    pre_attn=(
+        "input_layernorm",
+        "ln_1",
+        "ln1",
+        "attention_norm",
+        "layernorm1",
+        "norm_1",
+        "norm1",
+        "operator_norm",
+        "self_attn_layer_norm",
+        "attention_layernorm",
+    ),
+    pre_mlp=(
+        "pre_feedforward_layernorm",
+        "ln_2",
+        "ln2",
+        "ffn_norm",
+        "layernorm2",
+        "norm_2",
+        "norm2",
+        "pre_mlp_layernorm",
+        "final_layer_norm",
+        "mlp_norm",
+        "pre_ff_layernorm",
+        "feedforward_layernorm",
+    ),
+    post_attn=("post_self_attn_layernorm", "post_norm1"),
+    post_mlp=("post_feedforward_layernorm", "post_mlp_layernorm", "post_norm2"),
+)
 _ATTN_CLASS, _MLP_CLASS = re.compile(r"Attention|Attn", re.I), re.compile(r"MLP|MoE|FeedForward|SparseMoe|Ffn", re.I)
 _MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+
 
 def blocks(layer) -> dict[str, str]:
     "The names of the attention and MLP children of a decoder layer (as found)."
     out = {}
     for name, child in layer.named_children():
-        if "attn" not in out and _ATTN_CLASS.search(type(child).__name__): out["attn"] = name
-        elif "mlp" not in out and (name in _MLP_NAMES or _MLP_CLASS.search(type(child).__name__)) \
-                and not is_norm(child): out["mlp"] = name
+        if "attn" not in out and _ATTN_CLASS.search(type(child).__name__):
+            out["attn"] = name
+        elif (
+            "mlp" not in out and (name in _MLP_NAMES or _MLP_CLASS.search(type(child).__name__)) and not is_norm(child)
+        ):
+            out["mlp"] = name
     return out
 
 # %% ../../nbs/01a_arch.ipynb #dcdda311
 def _norm_places(names: list[str]) -> dict[str, str]:
     "Where each norm directly in a layer acts (pre_attn, pre_mlp, post_attn, post_mlp) -> its module name."
     found = {role: next((n for n in names if n in options), None) for role, options in _NORMS.items()}
-    if "post_attention_layernorm" in names:   # Llama: the MLP's pre-norm; Gemma 2 (sandwich), OLMo 2: on attention's output
+    if (
+        "post_attention_layernorm" in names
+    ):  # Llama: the MLP's pre-norm; Gemma 2 (sandwich), OLMo 2: on attention's output
         role = "post_attn" if found["pre_mlp"] or not found["pre_attn"] else "pre_mlp"
         found[role] = found[role] or "post_attention_layernorm"
     return {k: v for k, v in found.items() if v}
+
 
 def norm_roles(model) -> dict[str, str]:
     "Where each norm of a decoder layer acts (pre_attn, pre_mlp, post_attn, post_mlp) -> its module path."
     return _norm_places([p for p in layer_modules(model) if "." not in p])
 
+
 def _norm_roles(names: list[str]) -> dict[str, str]:
     "Canonical norm names (ln1, ln2, ln_post_attn, ln_post_ffn) -> module names, from the norms directly in a layer."
     found = dict.fromkeys(_NORMS) | _norm_places(names)
-    out = dict(ln1=found["pre_attn"] or found["post_attn"], ln2=found["pre_mlp"] or found["post_mlp"],
-               ln_post_attn=found["pre_attn"] and found["post_attn"], ln_post_ffn=found["pre_mlp"] and found["post_mlp"])
+    out = dict(
+        ln1=found["pre_attn"] or found["post_attn"],
+        ln2=found["pre_mlp"] or found["post_mlp"],
+        ln_post_attn=found["pre_attn"] and found["post_attn"],
+        ln_post_ffn=found["pre_mlp"] and found["post_mlp"],
+    )
     return {k: v for k, v in out.items() if v}
+
 
 def is_norm(module) -> bool:
     "A normalisation module (by class name: LayerNorm, RMSNorm, ...)."
     return "norm" in type(module).__name__.lower()
+
 
 def canonical_names(model) -> dict[str, tuple[str, tuple | None]]:
     "Canonical name -> (module path relative to a decoder layer, fused part or None), for the modules this model has."
     _, layers = decoder_layers(model)
     paths = layer_modules(model)
     found = {name: (path, None) for name, path in _norm_roles([p for p in paths if "." not in p]).items()}
-    for block, child in {"mlp": "", **blocks(layers[0])}.items():   # an MLP's projections may sit in the layer itself
+    for block, child in {"mlp": "", **blocks(layers[0])}.items():  # an MLP's projections may sit in the layer itself
         prefix = f"{child}." if child else ""
         for name, (where, options) in PROJECTIONS.items():
             hit = next((prefix + o for o in options if prefix + o in paths), None)
-            if where == block and hit and name not in found: found[name] = (hit, None)
+            if where == block and hit and name not in found:
+                found[name] = (hit, None)
         for fused, (parts, layout) in FUSED.items():
             if prefix + fused in paths:
                 found.update({p: (prefix + fused, (layout, i)) for i, p in enumerate(parts) if p not in found})
@@ -162,14 +233,16 @@ def part_rows(model, module, part: tuple) -> torch.Tensor:
     out = module.nf if hasattr(module, "nf") else module.weight.shape[0]
     rows = torch.zeros(out, dtype=torch.bool)
     cfg = _text_config(model)
-    if layout == "halves": rows[i * out // 2:(i + 1) * out // 2] = True
-    elif layout == "heads": rows.view(cfg.num_attention_heads, 3, -1)[:, i] = True
+    if layout == "halves":
+        rows[i * out // 2 : (i + 1) * out // 2] = True
+    elif layout == "heads":
+        rows.view(cfg.num_attention_heads, 3, -1)[:, i] = True
     else:
         nh = cfg.num_attention_heads
         nkv = getattr(cfg, "num_key_value_heads", None) or (1 if getattr(cfg, "multi_query", False) else nh)
         q = out * nh // (nh + 2 * nkv)
         bounds = [0, q, q + (out - q) // 2, out]
-        rows[bounds[i]:bounds[i + 1]] = True
+        rows[bounds[i] : bounds[i + 1]] = True
     return rows
 
 # %% ../../nbs/01a_arch.ipynb #e3123b7d
@@ -180,67 +253,94 @@ def global_modules(model) -> dict[str, str]:
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     out = {}
     for path, m in model.named_modules():
-        if path == layers_path or path.startswith(layers_path + ".") or not _has_weights(m): continue
-        if any(_has_weights(c) for c in m.modules() if c is not m): continue
-        if m is emb: name = "embed"
-        elif m is head: name = "lm_head"
-        elif isinstance(m, torch.nn.Embedding) and "pos_embed" not in out: name = "pos_embed"
-        elif is_norm(m) and "ln_final" not in out: name = "ln_final"
-        else: name = path
+        if path == layers_path or path.startswith(layers_path + ".") or not _has_weights(m):
+            continue
+        if any(_has_weights(c) for c in m.modules() if c is not m):
+            continue
+        if m is emb:
+            name = "embed"
+        elif m is head:
+            name = "lm_head"
+        elif isinstance(m, torch.nn.Embedding) and "pos_embed" not in out:
+            name = "pos_embed"
+        elif is_norm(m) and "ln_final" not in out:
+            name = "ln_final"
+        else:
+            name = path
         out[name] = path
     return out
 
 # %% ../../nbs/01a_arch.ipynb #658360d3
-PROBE = (3, 11)   # batch and sequence length of the probing forward
+PROBE = (3, 11)  # batch and sequence length of the probing forward
+
 
 def _axis(shape, b: int, t: int) -> int | None:
     "Where `shape` indexes the positions of a (b, t) batch: 0 (flattened), 1, 2, or None (not per position)."
-    if shape is None: return None
-    if shape[0] == b * t: return 0
-    if shape[0] in (1, b) and len(shape) > 1 and shape[1] == t: return 1
-    if shape[0] == b and len(shape) > 2 and shape[2] == t: return 2
+    if shape is None:
+        return None
+    if shape[0] == b * t:
+        return 0
+    if shape[0] in (1, b) and len(shape) > 1 and shape[1] == t:
+        return 1
+    if shape[0] == b and len(shape) > 2 and shape[2] == t:
+        return 2
     return None
+
 
 def _shapes(x):
     "The shape of a tensor, or a tuple of the shapes (None for non-tensors) of a tuple's items."
-    if torch.is_tensor(x): return tuple(x.shape)
+    if torch.is_tensor(x):
+        return tuple(x.shape)
     return tuple(tuple(v.shape) if torch.is_tensor(v) else None for v in x) if isinstance(x, tuple) else None
+
 
 def _computes_positions(module) -> bool:
     "A learned position embedding that works out positions from the attention mask (OPT, BioGPT): not per position."
     return isinstance(module, torch.nn.Embedding) and len(inspect.signature(module.forward).parameters) > 1
 
+
 def position_axes(model, paths: dict[str, str]) -> dict[str, tuple]:
     """name -> (axis of the positions in the first input, in the output) of the module at `paths[name]`, by one
     probing forward; a tuple output has one axis per item."""
     seen, b, t = {}, *PROBE
+
     def keep(name):
         def hook(module, args, kwargs, out):
-            seen.setdefault(name, (tuple(next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v)).shape),
-                                   _shapes(out)))
+            seen.setdefault(
+                name, (tuple(next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v)).shape), _shapes(out))
+            )
+
         return hook
+
     hooks = [model.get_submodule(p).register_forward_hook(keep(k), with_kwargs=True) for k, p in paths.items()]
     vocab = _text_config(model).vocab_size
     try:
         with torch.no_grad():
             model(input_ids=torch.randint(1, min(vocab, 64), (b, t), device=next(model.parameters()).device))
     finally:
-        for h in hooks: h.remove()
+        for h in hooks:
+            h.remove()
     out = {}
     for name, path in paths.items():
         shape_in, shape_out = seen.get(name, (None, None))
         axis = None if _computes_positions(model.get_submodule(path)) else _axis(shape_in, b, t)
-        out[name] = (axis, tuple(s and _axis(s, b, t) for s in shape_out) if isinstance(shape_out, tuple)
-                     and shape_out and not isinstance(shape_out[0], int) else _axis(shape_out, b, t))
+        out[name] = (
+            axis,
+            tuple(s and _axis(s, b, t) for s in shape_out)
+            if isinstance(shape_out, tuple) and shape_out and not isinstance(shape_out[0], int)
+            else _axis(shape_out, b, t),
+        )
     return out
 
 # %% ../../nbs/01a_arch.ipynb #ar91
 def _discover(model) -> dict:
     "What grafting needs to know of `model`, found from the model itself, or a clear error."
     if reason := unsupported_reason(model):
-        raise ValueError(f"Grafting does not support this {model.config.model_type} model: it is {reason}. "
-                         "Fix: graft a decoder-only transformer (attention and per-position MLP layers); see the "
-                         "architecture table in the README for the families checked.")
+        raise ValueError(
+            f"Grafting does not support this {model.config.model_type} model: it is {reason}. "
+            "Fix: graft a decoder-only transformer (attention and per-position MLP layers); see the "
+            "architecture table in the README for the families checked."
+        )
     layers_path, layers = decoder_layers(model)
     names, roles, modules, n = canonical_names(model), norm_roles(model), layer_modules(model), n_experts(model)
     glob = global_modules(model)
@@ -249,12 +349,22 @@ def _discover(model) -> dict:
     names = {k: v for k, v in names.items() if v[0] in per_position}
     unused = [p for p in modules if axes[p][0] is None] + [p for k, p in glob.items() if axes[k][0] is None]
     glob = {k: p for k, p in glob.items() if axes[k][0] is not None}
-    return dict(layers=layers_path, n_layers=len(layers), globals=glob, modules=per_position, names=names, n_experts=n, axes=axes,
-                blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
-                experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
-                not_per_position=unused)
+    return dict(
+        layers=layers_path,
+        n_layers=len(layers),
+        globals=glob,
+        modules=per_position,
+        names=names,
+        n_experts=n,
+        axes=axes,
+        blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
+        experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
+        not_per_position=unused,
+    )
 
-_ARCHS = weakref.WeakKeyDictionary()   # model -> (its config's identity and type, what `_discover` found)
+
+_ARCHS = weakref.WeakKeyDictionary()  # model -> (its config's identity and type, what `_discover` found)
+
 
 def architecture(model) -> dict:
     """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
@@ -265,7 +375,8 @@ def architecture(model) -> dict:
     if cached is None or cached[0] != key:
         found = _discover(model)
         layer = {k: p if part is None else (p, part) for k, (p, part) in found["names"].items()}
-        found.update(layer=layer, **{k: found["globals"][k] for k in ("ln_final", "pos_embed") if k in found["globals"]})
+        found.update(
+            layer=layer, **{k: found["globals"][k] for k in ("ln_final", "pos_embed") if k in found["globals"]}
+        )
         _ARCHS[model] = cached = (key, found)
     return cached[1]
-

@@ -5,10 +5,15 @@
 # %% ../../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
 from contextlib import contextmanager
-import inspect, re, weakref
+import inspect
+import re
+import weakref
 import torch
-from .arch import architecture, blocks, canonical_names, decoder_layers, global_modules, is_experts, is_norm, layer_modules, \
-    n_experts, norm_roles, part_rows, position_axes, unsupported_reason
+from dwg.engine.arch import (
+    architecture,
+    is_norm,
+    part_rows,
+)
 from .lora import as_donor
 
 # %% auto #0
@@ -17,14 +22,29 @@ __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'layer_groups', 'r
 
 # %% ../../nbs/02_graft.ipynb #1d00f5b4
 GLOBAL_COMPONENTS = ("embed", "pos_embed", "ln_final", "lm_head")
-LAYER_COMPONENTS = ("q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "ln_post_attn", "ln_post_ffn", "q_norm",
-                    "k_norm", "router", "experts")
-GROUPS = ("attn", "ffn", "norms")   # attn / ffn: every module in the attention / MLP block but its norms
-
+LAYER_COMPONENTS = (
+    "q",
+    "k",
+    "v",
+    "o",
+    "gate",
+    "up",
+    "down",
+    "ln1",
+    "ln2",
+    "ln_post_attn",
+    "ln_post_ffn",
+    "q_norm",
+    "k_norm",
+    "router",
+    "experts",
+)
+GROUPS = ("attn", "ffn", "norms")  # attn / ffn: every module in the attention / MLP block but its norms
 
 # %% ../../nbs/02_graft.ipynb #0e10aaa5
 _FRACTIONS = {"half": 2, "quarter": 4, "eighth": 8}
 _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
+
 
 def layer_groups(n_layers: int) -> dict[str, list[int]]:
     "Named layer groups: all, first_half ... second_half/last_half, quarters and eighths (near-equal contiguous chunks)."
@@ -36,7 +56,9 @@ def layer_groups(n_layers: int) -> dict[str, list[int]]:
         groups[f"last_{frac}"] = groups[f"{_ORDINALS[parts - 1]}_{frac}"]
     return groups
 
-_SINGLE_LAYER = re.compile(r"(layer|from)_(\d+)")   # 'layer_7': layer 7 alone; 'from_7': layer 7 to the last
+
+_SINGLE_LAYER = re.compile(r"(layer|from)_(\d+)")  # 'layer_7': layer 7 alone; 'from_7': layer 7 to the last
+
 
 def resolve_layers(layers, n_layers: int) -> list[int]:
     "Layer indices from 'all', a group name, 'layer_I', 'from_I', an int or a list of ints; errors name what is valid."
@@ -44,31 +66,46 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
     if isinstance(layers, str):
         if m := _SINGLE_LAYER.fullmatch(layers):
             i = int(m[2])
-            if i >= n_layers: raise ValueError(f"Layer spec '{layers}' is out of range: this model has {n_layers} layers "
-                                               f"(0..{n_layers - 1}).")
+            if i >= n_layers:
+                raise ValueError(
+                    f"Layer spec '{layers}' is out of range: this model has {n_layers} layers (0..{n_layers - 1})."
+                )
             return [i] if m[1] == "layer" else list(range(i, n_layers))
         if layers not in groups:
-            raise ValueError(f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, 'layer_I' (layer I alone), "
-                             f"'from_I' (layer I to the last), or a list of indices 0..{n_layers - 1}.")
+            raise ValueError(
+                f"Unknown layer group '{layers}'. Valid: {', '.join(groups)}, 'layer_I' (layer I alone), "
+                f"'from_I' (layer I to the last), or a list of indices 0..{n_layers - 1}."
+            )
         return groups[layers]
-    try: idx = [layers] if isinstance(layers, int) else list(layers)
-    except TypeError: idx = None
+    try:
+        idx = [layers] if isinstance(layers, int) else list(layers)
+    except TypeError:
+        idx = None
     if not idx:
-        raise ValueError(f"Layer spec {layers!r} names no layer: give a group name ({', '.join(groups)}), 'layer_I', "
-                         f"'from_I', or a non-empty list of indices 0..{n_layers - 1}.")
-    if (bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]):
-        raise ValueError(f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name ({', '.join(groups)}).")
+        raise ValueError(
+            f"Layer spec {layers!r} names no layer: give a group name ({', '.join(groups)}), 'layer_I', "
+            f"'from_I', or a non-empty list of indices 0..{n_layers - 1}."
+        )
+    if bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]:
+        raise ValueError(
+            f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name ({', '.join(groups)})."
+        )
     bad = [i for i in idx if not -n_layers <= i < n_layers]
-    if bad: raise ValueError(f"Layer(s) {bad} out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
+    if bad:
+        raise ValueError(f"Layer(s) {bad} out of range: this model has {n_layers} layers (0..{n_layers - 1}).")
     return sorted({i % n_layers for i in idx})
 
 # %% ../../nbs/02_graft.ipynb #4003de20
 def _get(root, path: str):
     "A submodule by dotted path, or None."
-    try: return root.get_submodule(path)
-    except AttributeError: return None
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        return None
 
-_EXPERT = re.compile(r"(.+)\.(\d+)")   # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+
+_EXPERT = re.compile(r"(.+)\.(\d+)")  # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+
 
 def _whole_names(arch: dict, path: str) -> list[str]:
     "The names that graft a whole layer module: its canonical name, its fused parts' names, or its path."
@@ -76,110 +113,155 @@ def _whole_names(arch: dict, path: str) -> list[str]:
     whole = [n for n in names if arch["names"][n][1] is None]
     return whole[:1] or names or [path]
 
+
 def graftable(model) -> dict[str, list]:
     """Every component name of `model` -> its module paths (one per layer that has it, or one global). Besides these,
     expert `E` of an expert module is the component `PATH.E` (e.g. `mlp.experts.3`)."""
     arch = architecture(model)
     found = {name: [path] for name, path in arch["globals"].items()}
     for path, layers in arch["modules"].items():
-        for name in _whole_names(arch, path): found[name] = [f"{arch['layers']}.{i}.{path}" for i in layers]
+        for name in _whole_names(arch, path):
+            found[name] = [f"{arch['layers']}.{i}.{path}" for i in layers]
     return found
+
 
 def _in_group(model, arch: dict, path: str, group: str) -> bool:
     "Whether the layer module `path` belongs to `group` (attn, ffn, norms)."
     layer = _get(model, f"{arch['layers']}.{arch['modules'][path][0]}.{path}")
-    if group == "norms": return is_norm(layer)
+    if group == "norms":
+        return is_norm(layer)
     child = arch["blocks"].get("attn" if group == "attn" else "mlp")
     in_block = child is not None and path.startswith(child + ".")
     mlp_name = any(arch["names"].get(n, ("",))[0] == path for n in ("gate", "up", "down", "router", "experts"))
     return not is_norm(layer) and (in_block or group == "ffn" and mlp_name)
 
+
 def _group(model, arch: dict, group: str) -> list[str]:
     "The component names of a group, or of 'all' (every module, each once)."
     out = [] if group in ("attn", "ffn") else [g for g in arch["globals"] if group == "all" or g == "ln_final"]
     for path in arch["modules"]:
-        if group == "all" or _in_group(model, arch, path, group): out += _whole_names(arch, path)
+        if group == "all" or _in_group(model, arch, path, group):
+            out += _whole_names(arch, path)
     return out
 
 # %% ../../nbs/02_graft.ipynb #f86fe3e7
 def resolve_components(model, components) -> list[str]:
     "Component names from a name, module path, group, or list; errors name what this model has."
     arch, have = architecture(model), graftable(model)
-    try: names = [components] if isinstance(components, str) else list(components)
-    except TypeError: names = None
+    try:
+        names = [components] if isinstance(components, str) else list(components)
+    except TypeError:
+        names = None
     if not names:
-        raise ValueError(f"Component spec {components!r} names no component: give a name, a group (all, "
-                         f"{', '.join(GROUPS)}) or a non-empty list of names.")
+        raise ValueError(
+            f"Component spec {components!r} names no component: give a name, a group (all, "
+            f"{', '.join(GROUPS)}) or a non-empty list of names."
+        )
     out = []
     for c in names:
-        if c == "all" or c in GROUPS: out += _group(model, arch, c)
-        elif c in have or c in arch["modules"] or (m := _EXPERT.fullmatch(c)) and _is_expert_module(arch, m[1], int(m[2])): out.append(c)
+        if c == "all" or c in GROUPS:
+            out += _group(model, arch, c)
+        elif (
+            c in have
+            or c in arch["modules"]
+            or (m := _EXPERT.fullmatch(c))
+            and _is_expert_module(arch, m[1], int(m[2]))
+        ):
+            out.append(c)
         elif c in GLOBAL_COMPONENTS or c in LAYER_COMPONENTS:
-            raise ValueError(f"Component '{c}' does not exist in {model.config.model_type} (or carries no weights). "
-                             f"This model has: {', '.join(have)}.")
+            raise ValueError(
+                f"Component '{c}' does not exist in {model.config.model_type} (or carries no weights). "
+                f"This model has: {', '.join(have)}."
+            )
         else:
-            raise ValueError(f"Unknown component '{c}'. Valid: {', '.join(have)}, an expert 'EXPERTS_PATH.E' of an "
-                             f"expert module, or groups all, {', '.join(GROUPS)}.")
+            raise ValueError(
+                f"Unknown component '{c}'. Valid: {', '.join(have)}, an expert 'EXPERTS_PATH.E' of an "
+                f"expert module, or groups all, {', '.join(GROUPS)}."
+            )
     return list(dict.fromkeys(out))
+
 
 def _is_expert_module(arch: dict, path: str, e: int) -> bool:
     "Whether `path` is an expert module with an expert `e`."
-    return path in arch["modules"] and arch["n_experts"] is not None and path in arch.get("experts", ()) \
+    return (
+        path in arch["modules"]
+        and arch["n_experts"] is not None
+        and path in arch.get("experts", ())
         and 0 <= e < arch["n_experts"]
+    )
 
 # %% ../../nbs/02_graft.ipynb #8a46a9b7
 _SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune)."
 
+
 def check_compatible(recipient, donor):
     "Raise unless `donor` and `recipient` have the same architecture, parameter names, shapes, dtypes and devices."
-    if recipient is donor: return
-    if not hasattr(donor, "config") or not hasattr(donor, "named_parameters"):   # a model, or a LoRA DonorView
-        raise ValueError(f"The donor must be a model (as dwg.load returns) or a LoRA adapter, got {type(donor).__name__}.")
+    if recipient is donor:
+        return
+    if not hasattr(donor, "config") or not hasattr(donor, "named_parameters"):  # a model, or a LoRA DonorView
+        raise ValueError(
+            f"The donor must be a model (as dwg.load returns) or a LoRA adapter, got {type(donor).__name__}."
+        )
     rt, dt = recipient.config.model_type, donor.config.model_type
     if rt != dt:
         raise ValueError(f"Donor is a {dt} model but the recipient is {rt}: grafting needs the same architecture.")
     rp, dp = dict(recipient.named_parameters()), dict(donor.named_parameters())
     for missing, has, names in (("Donor", "recipient", set(rp) - set(dp)), ("Recipient", "donor", set(dp) - set(rp))):
         if names:
-            raise ValueError(f"{missing} has no parameter '{sorted(names)[0]}' that the {has} has ({len(names)} such "
-                             f"parameters; the two have {len(rp)} and {len(dp)}). {_SAME_MODEL_FIX}")
+            raise ValueError(
+                f"{missing} has no parameter '{sorted(names)[0]}' that the {has} has ({len(names)} such "
+                f"parameters; the two have {len(rp)} and {len(dp)}). {_SAME_MODEL_FIX}"
+            )
     for name, p in rp.items():
         if dp[name].shape != p.shape:
-            raise ValueError(f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
-                             + _SAME_MODEL_FIX)
+            raise ValueError(
+                f"Donor and recipient differ at '{name}': {tuple(dp[name].shape)} vs {tuple(p.shape)}. "
+                + _SAME_MODEL_FIX
+            )
         if (dp[name].dtype, dp[name].device) != (p.dtype, p.device):
-            raise ValueError(f"Donor and recipient differ at '{name}': {dp[name].dtype} on {dp[name].device} vs {p.dtype} "
-                             f"on {p.device}. Fix: donor.to({p.dtype}) and donor.to('{p.device}') (or load both alike).")
+            raise ValueError(
+                f"Donor and recipient differ at '{name}': {dp[name].dtype} on {dp[name].device} vs {p.dtype} "
+                f"on {p.device}. Fix: donor.to({p.dtype}) and donor.to('{p.device}') (or load both alike)."
+            )
 
 # %% ../../nbs/02_graft.ipynb #9b8f3acd
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
     "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
-        raise ValueError(f"Graft mask has shape {tuple(mask.shape)} but the model sees a batch of shape ({b}, {t}): "
-                         "make the mask (batch, seq) like input_ids.")
-    return mask[:, mask.shape[1] - t:].to(device)
+        raise ValueError(
+            f"Graft mask has shape {tuple(mask.shape)} but the model sees a batch of shape ({b}, {t}): "
+            "make the mask (batch, seq) like input_ids."
+        )
+    return mask[:, mask.shape[1] - t :].to(device)
+
 
 def aligned_mask(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     "The part of `mask` for an input of shape (batch, seq, ...)."
     return _aligned_to(mask, x.shape[0], x.shape[1], x.device)
 
+
 def _rows(selected: torch.Tensor) -> torch.Tensor:
     "Indices of the True entries of a flat bool tensor."
     return selected.nonzero().squeeze(1)
 
+
 def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) -> dict | None:
     """Rows of the flattened (batch * seq) input for the recipient (`keep`), each whole-module graft (`whole`), each
     graft of part of a fused projection (`part`) and padding (`pad`); None when no graft covers any position."""
-    if not any(m.any() for m in masks): return None
+    if not any(m.any() for m in masks):
+        return None
     owner = torch.zeros(masks[0].numel(), dtype=torch.long, device=masks[0].device)  # 0: recipient, i + 1: graft i
     for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
-        if cols is None: owner[m.reshape(-1)] = i + 1
-    if live is not None: owner[~live.reshape(-1)] = -1  # padding: nobody computes it
+        if cols is None:
+            owner[m.reshape(-1)] = i + 1
+    if live is not None:
+        owner[~live.reshape(-1)] = -1  # padding: nobody computes it
     whole = [_rows(owner == i + 1) if cols is None else None for i, (_, _, cols) in enumerate(entries)]
     part = [None] * len(entries)
     for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
-        if cols is None: continue
-        later = [mm for (_, _, c), mm in zip(entries[i + 1:], masks[i + 1:]) if c is None]  # whole grafts after i win
+        if cols is None:
+            continue
+        later = [mm for (_, _, c), mm in zip(entries[i + 1 :], masks[i + 1 :]) if c is None]  # whole grafts after i win
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
     return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
 
@@ -190,10 +272,13 @@ class _Pass:
     split of each set of masks, worked out once per pass, and the rows gathered from the last input (q, k and v read
     the same input, as do gate and up). Made with the recipient's first graft and dropped with its last (kept in
     `_PASSES`, never on the recipient)."""
+
     def __init__(self, model):
         self.users, self.live, self.tokens, self.splits, self.gathered = 0, None, None, None, (None, -1, {})
-        self.handles = [model.register_forward_pre_hook(self.start, with_kwargs=True),
-                        model.register_forward_hook(self.stop, always_call=True)]
+        self.handles = [
+            model.register_forward_pre_hook(self.start, with_kwargs=True),
+            model.register_forward_hook(self.stop, always_call=True),
+        ]
 
     def start(self, module, args, kwargs):
         am, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
@@ -201,27 +286,34 @@ class _Pass:
         self.live, self.splits = (am.bool() if torch.is_tensor(am) and am.dim() == 2 else None), {}
         self.tokens = tuple(ids.shape[:2]) if torch.is_tensor(ids) and ids.dim() >= 2 else None
 
-    def stop(self, *_): self.live, self.tokens, self.splits, self.gathered = None, None, None, (None, -1, {})
+    def stop(self, *_):
+        self.live, self.tokens, self.splits, self.gathered = None, None, None, (None, -1, {})
 
     def split(self, entries: list, b: int, t: int, device) -> dict | None:
         "The row split of the grafts `entries` for `b` x `t` positions (cached within a pass)."
         key = (b, t, *((id(m), cols is None) for _, m, cols in entries))
-        if self.splits is not None and key in self.splits: return self.splits[key]
+        if self.splits is not None and key in self.splits:
+            return self.splits[key]
         masks = [_aligned_to(m, b, t, device) for _, m, _ in entries]
         (b, t), live = masks[0].shape, self.live
         live = live[:, -t:].to(device) if live is not None and live.shape[0] == b and live.shape[1] >= t else None
         s = _split(entries, masks, live)
-        if s is not None: s["shape"] = (b, t)
-        if self.splits is not None: self.splits[key] = s
+        if s is not None:
+            s["shape"] = (b, t)
+        if self.splits is not None:
+            self.splits[key] = s
         return s
 
     def gather(self, x: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         "`flat[rows]`, where `flat` is the input `x` flattened; reused while modules read the same, unchanged `x`."
-        if self.splits is None: return flat.index_select(0, rows)
-        version = -1 if x.is_inference() else x._version   # inference tensors have no version counter
-        if self.gathered[0] is not x or self.gathered[1] != version: self.gathered = (x, version, {})
+        if self.splits is None:
+            return flat.index_select(0, rows)
+        version = -1 if x.is_inference() else x._version  # inference tensors have no version counter
+        if self.gathered[0] is not x or self.gathered[1] != version:
+            self.gathered = (x, version, {})
         got = self.gathered[2]
-        if id(rows) not in got: got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
+        if id(rows) not in got:
+            got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
 
 # %% ../../nbs/02_graft.ipynb #9e1470c0
@@ -229,12 +321,15 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     "A module's main input: its first tensor argument."
     return next(v for v in (*args, *kwargs.values()) if torch.is_tensor(v))
 
+
 def _with_first(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
     "`args` and `kwargs` with their first tensor replaced by `x`."
     for i, v in enumerate(args):
-        if torch.is_tensor(v): return (*args[:i], x, *args[i + 1:]), kwargs
+        if torch.is_tensor(v):
+            return (*args[:i], x, *args[i + 1 :]), kwargs
     key = next(k for k, v in kwargs.items() if torch.is_tensor(v))
     return args, {**kwargs, key: x}
+
 
 class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
@@ -243,11 +338,14 @@ class _Splice:
     Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. `axis` is where
     the module's inputs index positions (`dwg.engine.arch.position_axes`): 1 for (batch, seq, ...), 2 for (batch, heads, seq,
     ...), 0 for flattened tokens; every input and output tensor laid out like that is split and assembled."""
+
     def __init__(self, module, forward_pass: _Pass, axes: tuple = (1, 1)):
         self.entries, self.saved, self.forward_pass = [], None, forward_pass
         self.axis, self.out_axes = axes
-        self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
-                        module.register_forward_hook(self.after, with_kwargs=True)]
+        self.handles = [
+            module.register_forward_pre_hook(self.before, with_kwargs=True),
+            module.register_forward_hook(self.after, with_kwargs=True),
+        ]
 
     def _flat(self, v: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
         "A per-position tensor laid out with positions at `axis` (default: the input's) as rows (batch * seq, ...)."
@@ -263,26 +361,35 @@ class _Splice:
         "The module's arguments at `rows` (every per-position tensor cut to those rows)."
         x, flat, split, args, kwargs = self.saved
         lead = self.axis + 1
+
         def cut(v):
-            if v is x: v = self.forward_pass.gather(x, flat, rows)
+            if v is x:
+                v = self.forward_pass.gather(x, flat, rows)
             elif torch.is_tensor(v) and v.shape[:lead] == x.shape[:lead]:
                 v = self._flat(v, *split["shape"]).index_select(0, rows)
-            else: return v
+            else:
+                return v
             return self._shaped(v, 1, len(rows))
+
         return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
 
     def before(self, module, args, kwargs):
         x = _first_tensor(args, kwargs)
         tokens = self.forward_pass.tokens
         if self.axis == 0 and (tokens is None or x.shape[0] != tokens[0] * tokens[1]):
-            raise ValueError(f"A grafted module reads flattened tokens, but its input has shape {tuple(x.shape)} for a "
-                             f"batch of {tokens} tokens: call the model with input_ids or inputs_embeds.")
+            raise ValueError(
+                f"A grafted module reads flattened tokens, but its input has shape {tuple(x.shape)} for a "
+                f"batch of {tokens} tokens: call the model with input_ids or inputs_embeds."
+            )
         b, t = tokens if self.axis == 0 else (x.shape[0], x.shape[self.axis])
         split = self.forward_pass.split(self.entries, b, t, x.device)
-        if split is None: self.saved = None; return None
+        if split is None:
+            self.saved = None
+            return None
         b, t = split["shape"]
-        if self.axis and x.shape[0] != b:   # e.g. (1, seq) position ids
-            x = x.expand(b, *x.shape[1:]); args, kwargs = _with_first(args, kwargs, x)
+        if self.axis and x.shape[0] != b:  # e.g. (1, seq) position ids
+            x = x.expand(b, *x.shape[1:])
+            args, kwargs = _with_first(args, kwargs, x)
         self.saved = (x, self._flat(x, b, t), split, args, kwargs)
         return self._inputs(split["keep"])
 
@@ -292,26 +399,42 @@ class _Splice:
         kept = rows_of(kept, len(split["keep"]))
         full = kept.new_empty((b * t, *kept.shape[1:]))
         full.index_copy_(0, split["keep"], kept)
-        if len(split["pad"]): full.index_fill_(0, split["pad"], 0)
+        if len(split["pad"]):
+            full.index_fill_(0, split["pad"], 0)
         for (rows, cols), out in donors:
             out = rows_of(out, len(rows)).to(full.dtype)
-            if cols is None: full.index_copy_(0, rows, out); continue
-            part = full.index_select(0, rows); part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
+            if cols is None:
+                full.index_copy_(0, rows, out)
+                continue
+            part = full.index_select(0, rows)
+            part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
             full.index_copy_(0, rows, part)
         return self._shaped(full, b, t, axis)
 
     def after(self, module, args, kwargs, out):
-        if self.saved is None: return None
+        if self.saved is None:
+            return None
         split = self.saved[2]
-        runs = [(rows, cols) for (_, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
-                for rows in [w if cols is None else p] if rows is not None and len(rows)]
-        outs = [donor(*a, **kw) for (donor, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
-                for rows in [w if cols is None else p] if rows is not None and len(rows)
-                for a, kw in [self._inputs(rows)]]
+        runs = [
+            (rows, cols)
+            for (_, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
+            for rows in [w if cols is None else p]
+            if rows is not None and len(rows)
+        ]
+        outs = [
+            donor(*a, **kw)
+            for (donor, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
+            for rows in [w if cols is None else p]
+            if rows is not None and len(rows)
+            for a, kw in [self._inputs(rows)]
+        ]
         self.saved = None
-        if not isinstance(out, tuple): return self._assemble(out, list(zip(runs, outs)), split, self.out_axes)
-        return tuple(o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
-                     for j, (o, a) in enumerate(zip(out, self.out_axes)))
+        if not isinstance(out, tuple):
+            return self._assemble(out, list(zip(runs, outs)), split, self.out_axes)
+        return tuple(
+            o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
+            for j, (o, a) in enumerate(zip(out, self.out_axes))
+        )
 
 # %% ../../nbs/02_graft.ipynb #87786b5b
 class _ExpertSplice:
@@ -320,116 +443,156 @@ class _ExpertSplice:
     share routed to `e` is computed by the donor's module, all else by the recipient's. An expert module's output is
     the routing-weighted sum over a token's experts, so the pre-hook zeroes the weights of the donors' (token, expert)
     pairs for the recipient and the hook adds each donor's output for its pairs alone. Experts `None`: all of them."""
+
     def __init__(self, module, forward_pass: _Pass, axes: tuple = (0, 0)):
         self.entries, self.saved, self.forward_pass = [], None, forward_pass
         self.names = list(inspect.signature(module.forward).parameters)[:3]
-        self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
-                        module.register_forward_hook(self.after, with_kwargs=True)]
+        self.handles = [
+            module.register_forward_pre_hook(self.before, with_kwargs=True),
+            module.register_forward_hook(self.after, with_kwargs=True),
+        ]
 
     def _routing(self, args: tuple, kwargs: dict) -> list:
         "(hidden states, expert indices, weights), passed by position or name."
-        got = [*args, *(kwargs[n] for n in self.names[len(args):] if n in kwargs)][:3]
+        got = [*args, *(kwargs[n] for n in self.names[len(args) :] if n in kwargs)][:3]
         if len(got) < 3 or got[1] is None:
-            raise ValueError(f"Grafting single experts needs an expert module called with (hidden states, expert "
-                             f"indices, routing weights); this one takes ({', '.join(self.names)}). Fix: graft the "
-                             "whole MLP block's modules instead (the 'ffn' group).")
+            raise ValueError(
+                f"Grafting single experts needs an expert module called with (hidden states, expert "
+                f"indices, routing weights); this one takes ({', '.join(self.names)}). Fix: graft the "
+                "whole MLP block's modules instead (the 'ffn' group)."
+            )
         return got
 
     def before(self, module, args, kwargs):
         x, idx, w = self._routing(args, kwargs)
         if self.forward_pass.tokens is None or x.shape[0] != self.forward_pass.tokens[0] * self.forward_pass.tokens[1]:
-            raise ValueError(f"Expert module input of shape {tuple(x.shape)} is not one row per token of the batch "
-                             f"{self.forward_pass.tokens}: this expert module cannot be grafted per position.")
+            raise ValueError(
+                f"Expert module input of shape {tuple(x.shape)} is not one row per token of the batch "
+                f"{self.forward_pass.tokens}: this expert module cannot be grafted per position."
+            )
         owner = torch.zeros_like(idx)
         for i, (_, mask, experts) in enumerate(self.entries):
             rows = _aligned_to(mask, *self.forward_pass.tokens, x.device).reshape(-1, 1)
             owner[rows.expand_as(idx) if experts is None else rows & torch.isin(idx, experts.to(idx.device))] = i + 1
-        if not owner.any(): self.saved = None; return None
+        if not owner.any():
+            self.saved = None
+            return None
         self.saved = (x, idx, w, owner)
         return (x, idx, w * (owner == 0), *args[3:]), {k: v for k, v in kwargs.items() if k not in self.names}
 
     def after(self, module, args, kwargs, out):
-        if self.saved is None: return None
+        if self.saved is None:
+            return None
         (x, idx, w, owner), self.saved = self.saved, None
         for i, (donor, _, _) in enumerate(self.entries):
             mine = owner == i + 1
             rows = _rows(mine.any(1))
-            if len(rows): out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
+            if len(rows):
+                out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
         return out
 
 # %% ../../nbs/02_graft.ipynb #b952e7c1
-_SPLICES = weakref.WeakKeyDictionary()   # grafted module -> its `_Splice` / `_ExpertSplice`, while a graft uses it
-_PASSES = weakref.WeakKeyDictionary()    # recipient model -> its `_Pass`, while a graft uses it
+_SPLICES = weakref.WeakKeyDictionary()  # grafted module -> its `_Splice` / `_ExpertSplice`, while a graft uses it
+_PASSES = weakref.WeakKeyDictionary()  # recipient model -> its `_Pass`, while a graft uses it
+
 
 def _add_splice(module, entry, forward_pass: _Pass, kind=_Splice, axes: tuple = (1, 1)):
     "Register a graft entry on `module` (installing its hooks on first use)."
     sp = _SPLICES.get(module)
-    if sp is None: sp = _SPLICES[module] = kind(module, forward_pass, axes)
+    if sp is None:
+        sp = _SPLICES[module] = kind(module, forward_pass, axes)
     sp.entries.append(entry)
+
 
 def _remove_splice(module, entry):
     "Unregister a graft entry; remove the hooks when none is left."
     sp = _SPLICES.get(module)
-    if sp is None: return
+    if sp is None:
+        return
     sp.entries = [e for e in sp.entries if e is not entry]
     if not sp.entries:
-        for h in sp.handles: h.remove()
+        for h in sp.handles:
+            h.remove()
         del _SPLICES[module]
+
 
 def _enter_pass(model) -> _Pass:
     "The recipient's `_Pass`, installed on first use."
     p = _PASSES.get(model)
-    if p is None: p = _PASSES[model] = _Pass(model)
+    if p is None:
+        p = _PASSES[model] = _Pass(model)
     p.users += 1
     return p
 
+
 def _exit_pass(model):
     "Release the recipient's `_Pass`; remove its hooks when no graft uses it."
-    p = _PASSES[model]; p.users -= 1
+    p = _PASSES[model]
+    p.users -= 1
     if not p.users:
-        for h in p.handles: h.remove()
+        for h in p.handles:
+            h.remove()
         del _PASSES[model]
 
 # %% ../../nbs/02_graft.ipynb #5731c76a
 def _where(arch: dict, name: str) -> tuple[str, object]:
     "(layer module path, part) of a layer component: None, a fused part (layout, i), or ('experts', indices or None)."
-    if (m := _EXPERT.fullmatch(name)) and name not in arch["modules"]: return m[1], ("experts", torch.tensor([int(m[2])]))
+    if (m := _EXPERT.fullmatch(name)) and name not in arch["modules"]:
+        return m[1], ("experts", torch.tensor([int(m[2])]))
     path, part = arch["names"].get(name, (name, None))
     return path, ("experts", None) if path in arch["experts"] else part
+
 
 def _targets(recipient, donor, layers, components) -> list[tuple]:
     "(recipient module, donor module, part, position axis) for every grafted module; part: None, output rows or experts."
     arch = architecture(recipient)
-    idx = resolve_layers(layers, arch["n_layers"])   # discovered once per model, not scanned per graft
+    idx = resolve_layers(layers, arch["n_layers"])  # discovered once per model, not scanned per graft
     out = []
     for name in resolve_components(recipient, components):
         if name in arch["globals"]:
             path = arch["globals"][name]
-            out.append((_get(recipient, path), _get(donor, path), None, arch["axes"][name])); continue
+            out.append((_get(recipient, path), _get(donor, path), None, arch["axes"][name]))
+            continue
         path, part = _where(arch, name)
         for i in (i for i in idx if i in arch["modules"][path]):
             r, d = _get(recipient, f"{arch['layers']}.{i}.{path}"), _get(donor, f"{arch['layers']}.{i}.{path}")
-            out.append((r, d, part if part is None or part[0] == "experts" else part_rows(recipient, r, part),
-                        arch["axes"][path]))
+            out.append(
+                (
+                    r,
+                    d,
+                    part if part is None or part[0] == "experts" else part_rows(recipient, r, part),
+                    arch["axes"][path],
+                )
+            )
     return out
+
 
 def as_mask(mask) -> torch.Tensor:
     "A bool (batch, seq) tensor, or a clear error."
     mask = torch.as_tensor(mask)
-    if mask.dim() != 2: raise ValueError(f"Graft mask must be (batch, seq) like input_ids; got shape {tuple(mask.shape)}.")
+    if mask.dim() != 2:
+        raise ValueError(f"Graft mask must be (batch, seq) like input_ids; got shape {tuple(mask.shape)}.")
     if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
-        raise ValueError(f"Graft mask must hold True/False (or 1/0) per token; got {mask.dtype} values such as "
-                         f"{mask[(mask != 0) & (mask != 1)][0].item()}.")
+        raise ValueError(
+            f"Graft mask must hold True/False (or 1/0) per token; got {mask.dtype} values such as "
+            f"{mask[(mask != 0) & (mask != 1)][0].item()}."
+        )
     return mask.bool()
+
 
 def check_batch_hook(mask):
     "A forward pre-hook on the whole model that checks input_ids against the mask."
+
     def hook(module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is not None and ids.shape[0] != mask.shape[0] or ids is not None and ids.shape[1] > mask.shape[1]:
-            raise ValueError(f"Graft mask has shape {tuple(mask.shape)} but input_ids has shape {tuple(ids.shape)}: "
-                             "they must match (one row per example, one column per token).")
+            raise ValueError(
+                f"Graft mask has shape {tuple(mask.shape)} but input_ids has shape {tuple(ids.shape)}: "
+                "they must match (one row per example, one column per token)."
+            )
+
     return hook
+
 
 @contextmanager
 def graft(recipient, donor, mask, layers="all", components="all"):
@@ -443,14 +606,17 @@ def graft(recipient, donor, mask, layers="all", components="all"):
     forward_pass, added = _enter_pass(recipient), []
     try:
         for r, d, part, axes in targets:
-            if d is r:   # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
-                if r not in _SPLICES: continue
-                d = r.forward   # the module without its graft hooks
+            if d is r:  # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
+                if r not in _SPLICES:
+                    continue
+                d = r.forward  # the module without its graft hooks
             experts = isinstance(part, tuple)
             entry = (d, mask, part[1] if experts else part)
-            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes); added.append((r, entry))
+            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes)
+            added.append((r, entry))
         yield recipient
     finally:
         check.remove()
-        for r, entry in added: _remove_splice(r, entry)
+        for r, entry in added:
+            _remove_splice(r, entry)
         _exit_pass(recipient)

@@ -15,49 +15,60 @@ from .arch import architecture
 from .lora import DonorView, LoraModule, as_donor
 from .prompts import batches, prepare
 
-
 # %% auto #0
 __all__ = ['SPECIAL_ROLES', 'DEFAULT_ROLES', 'DEFAULT_COMPONENTS', 'Cell', 'check_roles', 'Grid', 'interpolated', 'role_index',
            'check_examples', 'target_logprob', 'logprobs_at', 'interpolation', 'each_batch', 'at_point']
 
 # %% ../../nbs/03a_interpolate.ipynb #c005
-SPECIAL_ROLES = ("last_token", "other")   # the prompt's final token; every real token no other role claims
+SPECIAL_ROLES = ("last_token", "other")  # the prompt's final token; every real token no other role claims
 DEFAULT_ROLES = ("first_actor", "movie_title", "last_token", "other")
-DEFAULT_COMPONENTS = ("attn", "ffn", "norms", "globals")   # 'globals': each global component (embed, lm_head, ...)
+DEFAULT_COMPONENTS = ("attn", "ffn", "norms", "globals")  # 'globals': each global component (embed, lm_head, ...)
+
 
 @dataclass(frozen=True)
 class Cell:
     "One unit of localisation: a position role, a layer (None for a global component) and a component (or group)."
+
     role: str
     layer: int | None
     component: str
 
     @property
-    def name(self) -> str: return f"{self.role}@{'global' if self.layer is None else self.layer}:{self.component}"
+    def name(self) -> str:
+        return f"{self.role}@{'global' if self.layer is None else self.layer}:{self.component}"
+
 
 def check_roles(roles) -> list[str]:
     "Position roles as a list with 'other' last; which exist is for the examples to say (check_examples)."
     roles = [roles] if isinstance(roles, str) else list(roles)
     if bad := [r for r in roles if not isinstance(r, str) or not r.strip()]:
-        raise ValueError(f"Bad position role(s) {bad}: use span roles of the examples (e.g. first_actor, or a field of "
-                         "your facts), 'last_token' (the prompt's final token) or 'other' (every token no other role claims).")
-    if len(set(roles)) != len(roles): raise ValueError(f"Position roles repeat: {roles}.")
-    if not roles: raise ValueError("Give at least one position role.")
+        raise ValueError(
+            f"Bad position role(s) {bad}: use span roles of the examples (e.g. first_actor, or a field of "
+            "your facts), 'last_token' (the prompt's final token) or 'other' (every token no other role claims)."
+        )
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"Position roles repeat: {roles}.")
+    if not roles:
+        raise ValueError("Give at least one position role.")
     return [r for r in roles if r != "other"] + (["other"] if "other" in roles else [])
 
 # %% ../../nbs/03a_interpolate.ipynb #c007
 def _component_cells(model, components) -> dict[str, list[str]]:
     "Cell component name -> canonical component names ('globals' and global members of groups become cells of their own)."
     have, out = graftable(model), {}
-    for entry in ([components] if isinstance(components, str) else list(components)):
+    for entry in [components] if isinstance(components, str) else list(components):
         if entry == "globals":
-            out.update({g: [g] for g in GLOBAL_COMPONENTS if g in have}); continue
+            out.update({g: [g] for g in GLOBAL_COMPONENTS if g in have})
+            continue
         names = resolve_components(model, entry)
         layer = [n for n in names if n not in GLOBAL_COMPONENTS]
-        if layer: out["+".join(entry) if isinstance(entry, (list, tuple)) else entry] = layer
+        if layer:
+            out["+".join(entry) if isinstance(entry, (list, tuple)) else entry] = layer
         out.update({g: [g] for g in names if g in GLOBAL_COMPONENTS})
-    if not out: raise ValueError(f"Components {components!r} name nothing this model can graft ({', '.join(have)}).")
+    if not out:
+        raise ValueError(f"Components {components!r} name nothing this model can graft ({', '.join(have)}).")
     return out
+
 
 def _check_modules(model, comps: dict[str, list[str]]):
     "Raise unless each module belongs to one cell component, and fused projections are taken whole."
@@ -67,31 +78,45 @@ def _check_modules(model, comps: dict[str, list[str]]):
         for n in names:
             path = have[n][0] or n
             if path in owner and owner[path] != cname:
-                raise ValueError(f"Cell components '{owner[path]}' and '{cname}' both cover module '{path}': "
-                                 "give each component to one cell only.")
+                raise ValueError(
+                    f"Cell components '{owner[path]}' and '{cname}' both cover module '{path}': "
+                    "give each component to one cell only."
+                )
             owner[path] = cname
     for path, cname in owner.items():
         shared = [n for n, p in have.items() if (p[0] or n) == path]
         if missing := [n for n in shared if n not in comps[cname]]:
-            raise ValueError(f"Components {shared} are parts of one fused module ('{path}') in "
-                             f"{model.config.model_type}; localisation takes fused modules whole: put {shared} in "
-                             f"the same cell (e.g. the group 'attn' or the list {shared}), not {comps[cname]}.")
+            raise ValueError(
+                f"Components {shared} are parts of one fused module ('{path}') in "
+                f"{model.config.model_type}; localisation takes fused modules whole: put {shared} in "
+                f"the same cell (e.g. the group 'attn' or the list {shared}), not {comps[cname]}."
+            )
 
 # %% ../../nbs/03a_interpolate.ipynb #c008
 class Grid:
     "The cells of a localisation: position roles x layers x components, and the recipient modules each covers."
+
     def __init__(self, model, roles=DEFAULT_ROLES, layers="all", components=DEFAULT_COMPONENTS):
         self.roles = check_roles(roles)
         self.layers = resolve_layers(layers, architecture(model)["n_layers"])
         self.components = _component_cells(model, components)
         _check_modules(model, self.components)
-        self.cells = [Cell(r, None if self.is_global(c) else l, c) for r in self.roles for c in self.components
-                      for l in ([None] if self.is_global(c) else self.layers)]
+        self.cells = [
+            Cell(r, None if self.is_global(c) else l, c)
+            for r in self.roles
+            for c in self.components
+            for l in ([None] if self.is_global(c) else self.layers)
+        ]
         self.index = {c: i for i, c in enumerate(self.cells)}
 
-    def is_global(self, component: str) -> bool: return self.components[component][0] in GLOBAL_COMPONENTS
-    def __len__(self): return len(self.cells)
-    def names(self) -> list[str]: return [c.name for c in self.cells]
+    def is_global(self, component: str) -> bool:
+        return self.components[component][0] in GLOBAL_COMPONENTS
+
+    def __len__(self):
+        return len(self.cells)
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.cells]
 
     def cell(self, spec) -> Cell:
         "A cell of this grid from a Cell, its name, or a (role, layer, component) tuple; else a clear error."
@@ -100,60 +125,78 @@ class Grid:
             layer, _, comp = rest.partition(":")
             spec = (role, None if layer == "global" else int(layer) if layer.lstrip("-").isdigit() else layer, comp)
         c = spec if isinstance(spec, Cell) else Cell(*spec)
-        if c in self.index: return c
+        if c in self.index:
+            return c
         check_roles([c.role])
-        if c.role not in self.roles: raise ValueError(f"Cell {c.name}: role '{c.role}' is not in this grid ({self.roles}).")
+        if c.role not in self.roles:
+            raise ValueError(f"Cell {c.name}: role '{c.role}' is not in this grid ({self.roles}).")
         if c.component not in self.components:
-            raise ValueError(f"Cell {c.name}: component '{c.component}' is not in this grid ({', '.join(self.components)}).")
-        raise ValueError(f"Cell {c.name}: layer {c.layer!r} is not in this grid (layers {self.layers}; "
-                         "'global' for global components).")
+            raise ValueError(
+                f"Cell {c.name}: component '{c.component}' is not in this grid ({', '.join(self.components)})."
+            )
+        raise ValueError(
+            f"Cell {c.name}: layer {c.layer!r} is not in this grid (layers {self.layers}; "
+            "'global' for global components)."
+        )
 
 # %% ../../nbs/03a_interpolate.ipynb #c010
 def _module(model, name: str, path: str | None):
     "The module of component `name` at `path` (embeddings have no path: the model's input/output embeddings)."
-    if name == "embed": return model.get_input_embeddings()
-    if name == "lm_head": return model.get_output_embeddings()
+    if name == "embed":
+        return model.get_input_embeddings()
+    if name == "lm_head":
+        return model.get_output_embeddings()
     return model.get_submodule(path)
+
 
 def _kind(module, out_axis) -> str:
     """'weights': a Linear or Conv1D, whose output is linear in its weights: interpolated by interpolating the weights,
     its difference computed with the weight difference; 'params': a module with several outputs, not all of them
     numbers to mix (a router: scores and its top-k choice): interpolated through its parameters; 'outputs': anything
     else (embeddings, norms, experts, the head, ...): interpolated by mixing the two modules' outputs."""
-    if isinstance(out_axis, tuple): return "params"
+    if isinstance(out_axis, tuple):
+        return "params"
     return "weights" if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" else "outputs"
+
 
 def _rel_path(arch: dict, name: str) -> str:
     "The path of component `name`'s module inside a layer (a fused part: its whole module), or the global's name."
     rel = arch["layer"].get(name, name)
     return rel[0] if isinstance(rel, tuple) else rel
 
+
 def _axes(arch: dict, name: str) -> tuple:
     """The (input, output) position axes of component `name`'s module: 1 for (batch, seq, ...), 2 for (batch, heads,
     seq, ...), 0 for tokens flattened."""
     return arch["axes"].get(_rel_path(arch, name), (1, 1))
 
+
 def _path(arch: dict, name: str, layer: int | None) -> str | None:
     "The module path of component `name` in `layer` (None: a global component), or None if that layer has none (MoE)."
-    if layer is None: return arch["globals"][name]
+    if layer is None:
+        return arch["globals"][name]
     rel = _rel_path(arch, name)
     return f"{arch['layers']}.{layer}.{rel}" if layer in arch["modules"][rel] else None
+
 
 @dataclass
 class _Site:
     "One recipient module of the grid: its donor twin, how to interpolate it, and the cell of each role there."
+
     recipient: nn.Module
     donor: nn.Module
     kind: str
-    cells: torch.Tensor    # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
-    diff: dict | None = None   # donor minus recipient parameters, by name, once per run ('weights', 'params', norms)
-    scratch: dict | None = None  # 'weights' sites: buffers for the parameters between the two, one per shape, shared by all
-    axis: int = 1              # the input's position axis: 1 (batch, seq, ...), 2 (batch, heads, seq, ...), 0 flattened
+    cells: torch.Tensor  # (n_roles + 1,) cell index per role; the last entry (no role) points at a constant 0
+    diff: dict | None = None  # donor minus recipient parameters, by name, once per run ('weights', 'params', norms)
+    scratch: dict | None = (
+        None  # 'weights' sites: buffers for the parameters between the two, one per shape, shared by all
+    )
+    axis: int = 1  # the input's position axis: 1 (batch, seq, ...), 2 (batch, heads, seq, ...), 0 flattened
     affine: bool | None = None  # a norm whose output is affine in its parameters (None: not yet checked; False: is not)
 
     def __post_init__(self):
-        self.own = dict(self.recipient.named_parameters(recurse=False))   # the recipient's, by name
-        self.norm = self.kind == "outputs" and is_norm(self.recipient)   # affine in its parameters? `_moved_norm` checks
+        self.own = dict(self.recipient.named_parameters(recurse=False))  # the recipient's, by name
+        self.norm = self.kind == "outputs" and is_norm(self.recipient)  # affine in its parameters? `_moved_norm` checks
 
     def linear(self, params: dict) -> tuple:
         "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
@@ -168,45 +211,60 @@ class _Site:
         """The site's (weight, bias) at `a`: the recipient's, the donor's, or between them, written into the scratch buffer
         of their shape (valid until the next site moves weights of that shape: use them at once)."""
         rec = self.own
-        if a == 0.0: return self.linear(rec)
-        if self.stored(a): return self.linear(dict(self.donor.named_parameters(recurse=False)))
+        if a == 0.0:
+            return self.linear(rec)
+        if self.stored(a):
+            return self.linear(dict(self.donor.named_parameters(recurse=False)))
         moved = {}
-        with torch.no_grad():   # an adapter may add a bias the recipient has not, or leave the recipient's as it is
+        with torch.no_grad():  # an adapter may add a bias the recipient has not, or leave the recipient's as it is
             for n, d in self.diff.items():
                 key = (n, d.shape, d.dtype, d.device)
-                if key not in self.scratch: self.scratch[key] = torch.empty_like(d)
+                if key not in self.scratch:
+                    self.scratch[key] = torch.empty_like(d)
                 out = moved[n] = self.scratch[key]
-                if n in rec: torch.add(rec[n], d, alpha=a, out=out)
-                else: torch.mul(d, a, out=out)
+                if n in rec:
+                    torch.add(rec[n], d, alpha=a, out=out)
+                else:
+                    torch.mul(d, a, out=out)
         return self.linear({**rec, **moved})
+
 
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
     "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
     rec = dict(recipient.named_parameters(recurse=False))
     with torch.no_grad():
-        if not isinstance(donor, LoraModule): return {n: p - rec[n] for n, p in donor.named_parameters(recurse=False)}
-        w = donor.scale * (donor.B @ donor.A)   # (out, in)
+        if not isinstance(donor, LoraModule):
+            return {n: p - rec[n] for n, p in donor.named_parameters(recurse=False)}
+        w = donor.scale * (donor.B @ donor.A)  # (out, in)
         diff = dict(weight=(w if isinstance(recipient, nn.Linear) else w.t().contiguous()).to(rec["weight"].dtype))
         return diff | ({} if donor.bias is None else dict(bias=(donor.scale * donor.bias).to(rec["weight"].dtype)))
+
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
     "Every module the grid's cells cover (a layer without one of them, as an MoE's dense layers: none there), with its cell per role."
     arch, out, seen, zero, scratch = architecture(recipient), [], set(), len(grid), {}
     for comp, names in grid.components.items():
-        for layer in ([None] if grid.is_global(comp) else grid.layers):
+        for layer in [None] if grid.is_global(comp) else grid.layers:
             cells = torch.tensor([grid.index[Cell(r, layer, comp)] for r in grid.roles] + [zero])
             for n in names:
-                if (path := _path(arch, n, layer)) is None: continue
+                if (path := _path(arch, n, layer)) is None:
+                    continue
                 r, d = _module(recipient, n, path), _module(donor, n, path)
-                if d is r: continue   # a LoRA adapter leaves this module as it is: nothing to graft, its cells score 0
+                if d is r:
+                    continue  # a LoRA adapter leaves this module as it is: nothing to graft, its cells score 0
                 axes = _axes(arch, n)
-                kind = "outputs" if n == "lm_head" else _kind(r, axes[1])   # the head sees few rows: no weight difference
+                kind = (
+                    "outputs" if n == "lm_head" else _kind(r, axes[1])
+                )  # the head sees few rows: no weight difference
                 if isinstance(d, LoraModule) and kind != "weights":
-                    raise ValueError(f"The LoRA adapter changes '{path or n}', which localisation takes as a whole module "
-                                     "output; merge the adapter (peft's merge_and_unload) and localise the merged model.")
-                if id(r) in seen: continue   # a fused module: once
+                    raise ValueError(
+                        f"The LoRA adapter changes '{path or n}', which localisation takes as a whole module "
+                        "output; merge the adapter (peft's merge_and_unload) and localise the merged model."
+                    )
+                if id(r) in seen:
+                    continue  # a fused module: once
                 seen.add(id(r))
-                diff = _weight_diff(r, d) if kind != "outputs" or is_norm(r) else None   # a norm's: a few numbers
+                diff = _weight_diff(r, d) if kind != "outputs" or is_norm(r) else None  # a norm's: a few numbers
                 out.append(_Site(r, d, kind, cells, diff, scratch, axis=axes[0]))
     return out
 
@@ -215,6 +273,7 @@ class _Point:
     """Where on the path from recipient (0) to donor (1) each cell is during one forward: `values` (n_cells,) the same
     for every example, `alpha` (batch, n_cells + 1) the tensor gradients are taken against (last column: constant 0),
     `roles` (batch, seq) each position's role (n_roles: none) and `live` its attention mask."""
+
     def __init__(self, values: torch.Tensor, roles: torch.Tensor, live: torch.Tensor, grad: bool):
         b, self.values = roles.shape[0], values.float()
         self.leaf = self.values.to(roles.device).expand(b, -1).clone().requires_grad_(grad)
@@ -234,7 +293,7 @@ class _Point:
         and the flat indices of the live and of the padding positions (None: all are live, or a heads axis)."""
         b = len(self.roles)
         t = x.shape[0] // b if site.axis == 0 else x.shape[site.axis]
-        key = (id(site.cells), t, site.axis)   # the modules of one (layer, component) share their cells: worked out once
+        key = (id(site.cells), t, site.axis)  # the modules of one (layer, component) share their cells: worked out once
         if key not in self.cache:
             idx, live = site.cells.to(self.roles.device)[self.roles[:, -t:]], self.live[:, -t:]
             vals = self.values[site.cells[:-1]].unique()
@@ -245,10 +304,13 @@ class _Point:
             self.cache[key] = (shaped, uniform, self.live_rows(t) if site.axis <= 1 else None)
         return self.cache[key]
 
+
 def _scattered(values: torch.Tensor, rows: tuple | None, n: int) -> torch.Tensor:
     "`values` at the live rows of an n-row result (`rows`: live and padding indices), zeros at padding (None: `values`)."
-    if rows is None: return values
+    if rows is None:
+        return values
     return values.new_empty((n, *values.shape[1:])).index_copy_(0, rows[0], values).index_fill_(0, rows[1], 0)
+
 
 class _TiltLinear(torch.autograd.Function):
     """A Linear of `site` at a point where every live alpha is `a`: `x @ w.T + b` with its weights moved `a` of the way,
@@ -256,14 +318,18 @@ class _TiltLinear(torch.autograd.Function):
     the input gradient and each position's alpha gradient, its output gradient dotted with its move to the donor
     `x @ dw.T + db`, taken from the gradient side (`g @ dw`); between the end points that product gives the input
     gradient too (`g @ w_r + a g @ dw`), so the moved weights are not kept."""
+
     @staticmethod
     def forward(ctx, x, alpha, site, a, rows):
         x2 = x.reshape(-1, x.shape[-1])
         n = len(x2)
-        if rows is not None and len(rows[0]) + len(rows[1]) != n: rows = None   # rows are not (batch x positions)
-        if rows is not None: x2 = x2.index_select(0, rows[0])
+        if rows is not None and len(rows[0]) + len(rows[1]) != n:
+            rows = None  # rows are not (batch x positions)
+        if rows is not None:
+            x2 = x2.index_select(0, rows[0])
         y = _scattered(nn.functional.linear(x2, *site.at(a)), rows, n)
-        ctx.save_for_backward(x2); ctx.rows, ctx.site, ctx.a, ctx.shape, ctx.alpha_dtype = rows, site, a, x.shape, alpha.dtype
+        ctx.save_for_backward(x2)
+        ctx.rows, ctx.site, ctx.a, ctx.shape, ctx.alpha_dtype = rows, site, a, x.shape, alpha.dtype
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -271,31 +337,38 @@ class _TiltLinear(torch.autograd.Function):
         (x2,), rows, site, a = ctx.saved_tensors, ctx.rows, ctx.site, ctx.a
         g2 = g.reshape(-1, g.shape[-1])
         n = len(g2)
-        if rows is not None: g2 = g2.index_select(0, rows[0])
+        if rows is not None:
+            g2 = g2.index_select(0, rows[0])
         dw, db = site.linear(site.diff)
         gd = g2 @ dw if ctx.needs_input_grad[1] or not site.stored(a) else None
         gx = None
         if ctx.needs_input_grad[0]:
             gx = g2 @ site.at(a)[0] if site.stored(a) else torch.addmm(gd, g2, site.linear(site.own)[0], beta=a)
             gx = _scattered(gx, rows, n).view(ctx.shape)
-        if not ctx.needs_input_grad[1]: return gx, None, None, None, None
-        ga = torch.linalg.vecdot(gd.float(), x2.float()) + (g2.float() @ db.float() if db is not None else 0)   # float32
+        if not ctx.needs_input_grad[1]:
+            return gx, None, None, None, None
+        ga = torch.linalg.vecdot(gd.float(), x2.float()) + (g2.float() @ db.float() if db is not None else 0)  # float32
         return gx, _scattered(ga, rows, n).view(ctx.shape[:-1]).to(ctx.alpha_dtype), None, None, None
+
 
 class _Tilt(torch.autograd.Function):
     """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
     gradient dotted with `delta`, the donor's output minus the recipient's there (summed over every dimension alpha
     has not: features, heads and features, or the heads before the positions), in float32."""
+
     @staticmethod
     def forward(ctx, y, alpha, delta):
-        ctx.save_for_backward(delta); ctx.alpha_dtype, ctx.alpha_shape = alpha.dtype, alpha.shape
+        ctx.save_for_backward(delta)
+        ctx.alpha_dtype, ctx.alpha_shape = alpha.dtype, alpha.shape
         return y
 
     @staticmethod
     def backward(ctx, g):
-        if not ctx.needs_input_grad[1]: return g, None, None
+        if not ctx.needs_input_grad[1]:
+            return g, None, None
         dots = (g.float() * ctx.saved_tensors[0].float()).flatten(len(ctx.alpha_shape)).sum(-1)
         return g, dots.sum_to_size(ctx.alpha_shape).to(ctx.alpha_dtype), None
+
 
 def _mixed(site: _Site, own, alpha, x, args, kwargs) -> torch.Tensor:
     """The recipient's output moved `alpha` (one per position) towards the donor's, with gradients: any values (a
@@ -305,30 +378,42 @@ def _mixed(site: _Site, own, alpha, x, args, kwargs) -> torch.Tensor:
     delta = nn.functional.linear(x, *site.linear(site.diff)) if weights else site.donor(*args, **kwargs) - y_r
     return y_r + alpha.reshape(*alpha.shape, *[1] * (y_r.dim() - alpha.dim())).to(y_r.dtype) * delta
 
+
 def _moved_norm(site: _Site, own, alpha, a: float, args, kwargs) -> torch.Tensor | None:
     """A norm between the end points, on the gradient path once, with its parameters moved `a` of the way (and twice
     without gradients, for the difference): exact when its output is affine in them (checked on its first input), one
     backward instead of two; None when it is not affine."""
-    if site.affine is False or not torch.is_grad_enabled(): return None
-    with torch.no_grad(): y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
+    if site.affine is False or not torch.is_grad_enabled():
+        return None
+    with torch.no_grad():
+        y_r, y_d = own(*args, **kwargs), site.donor(*args, **kwargs)
     moved = {k: p + a * site.diff[k] for k, p in site.own.items()}
     if site.affine is None:
-        with torch.no_grad(): y = functional_call(site.donor, moved, args, kwargs)
-        tol = max(1e-4, 4 * torch.finfo(y.dtype).eps)   # rounding of the two ways: a few units of the last place
+        with torch.no_grad():
+            y = functional_call(site.donor, moved, args, kwargs)
+        tol = max(1e-4, 4 * torch.finfo(y.dtype).eps)  # rounding of the two ways: a few units of the last place
         site.affine = bool(torch.allclose(y, torch.lerp(y_r, y_d, a), rtol=tol, atol=tol * y_d.abs().mean().item()))
-        if not site.affine: return None
+        if not site.affine:
+            return None
     return _Tilt.apply(functional_call(site.donor, moved, args, kwargs), alpha, y_d - y_r)
+
 
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
     """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
     (exact: its output is linear in its weights), so does a norm between the end points; any other module runs twice
     and its outputs are mixed."""
-    if site.kind == "weights": return _TiltLinear.apply(x, alpha, site, a, rows)
-    if site.norm and 0.0 < a < 1.0 and (y := _moved_norm(site, own, alpha, a, args, kwargs)) is not None: return y
-    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0): y_r = own(*args, **kwargs)
-    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0): y_d = site.donor(*args, **kwargs)
-    with torch.no_grad(): delta = y_d - y_r
+    if site.kind == "weights":
+        return _TiltLinear.apply(x, alpha, site, a, rows)
+    if site.norm and 0.0 < a < 1.0 and (y := _moved_norm(site, own, alpha, a, args, kwargs)) is not None:
+        return y
+    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 1.0):
+        y_r = own(*args, **kwargs)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and a != 0.0):
+        y_d = site.donor(*args, **kwargs)
+    with torch.no_grad():
+        delta = y_d - y_r
     return _Tilt.apply(y_r if a == 0.0 else y_d if a == 1.0 else torch.lerp(y_r, y_d, a), alpha, delta)
+
 
 def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
     """A module whose outputs are not all numbers to mix (a router: scores and a top-k choice) with its parameters
@@ -336,36 +421,53 @@ def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
     in that direction (forward-mode, only with gradients on), so alpha's gradient is exact and the choice follows the
     moved parameters."""
     grad = torch.is_grad_enabled()
+
     def run(v, xs):
         moved = {k: p + v * site.diff[k] for k, p in site.own.items()}
         call = lambda params: functional_call(site.donor, params, (xs,))
         return jvp(call, (moved,), (site.diff,)) if grad else (call(moved), None)
-    if a is not None: y, tan = run(a, x)
+
+    if a is not None:
+        y, tan = run(a, x)
     else:
-        if x.dim() != 2: raise NotImplementedError(f"{type(site.recipient).__name__}: positions at different values "
-                                                   "need its input as (tokens, features).")
+        if x.dim() != 2:
+            raise NotImplementedError(
+                f"{type(site.recipient).__name__}: positions at different values need its input as (tokens, features)."
+            )
         y = tan = None
         for v in alpha.detach().unique().tolist():
             sel = (alpha.detach() == v).nonzero()[:, 0]
             yv, tv = run(v, x[sel])
-            put = lambda acc, new: tuple(o.index_copy(0, sel, w) for o, w in
-                                         zip(acc or [w.new_zeros((len(x), *w.shape[1:])) for w in new], new))
+            put = lambda acc, new: tuple(
+                o.index_copy(0, sel, w) for o, w in zip(acc or [w.new_zeros((len(x), *w.shape[1:])) for w in new], new)
+            )
             y, tan = put(y, yv), put(tan, tv) if grad else None
-    if not grad: return y
+    if not grad:
+        return y
     return tuple(_Tilt.apply(o, alpha, d.detach()) if o.is_floating_point() else o for o, d in zip(y, tan))
+
 
 def _site_forward(site: _Site, own, point_of):
     "A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position."
+
     def forward(*args, **kwargs):
-        x = args[0] if args else next(iter(kwargs.values()))   # the head's input is made contiguous by `_frozen`
+        x = args[0] if args else next(iter(kwargs.values()))  # the head's input is made contiguous by `_frozen`
         alpha, a, rows = point_of().at(site, x)
-        if site.kind == "params": return _through_params(site, alpha, a, x)
-        return _mixed(site, own, alpha, x, args, kwargs) if a is None else _uniform(site, own, alpha, a, rows, x, args, kwargs)
+        if site.kind == "params":
+            return _through_params(site, alpha, a, x)
+        return (
+            _mixed(site, own, alpha, x, args, kwargs)
+            if a is None
+            else _uniform(site, own, alpha, a, rows, x, args, kwargs)
+        )
+
     return forward
+
 
 def _contiguous_input(module, args):
     "A forward pre-hook: the first argument made contiguous."
     return (args[0].contiguous(), *args[1:]) if args and not args[0].is_contiguous() else None
+
 
 @contextmanager
 def _frozen(models: list):
@@ -375,24 +477,31 @@ def _frozen(models: list):
     heads, hooks = [h for m in models if (h := m.get_output_embeddings()) is not None], []
     try:
         hooks += [h.register_forward_pre_hook(_contiguous_input) for h in heads]
-        for p, _ in saved: p.requires_grad_(False)
+        for p, _ in saved:
+            p.requires_grad_(False)
         yield
     finally:
-        for p, g in saved: p.requires_grad_(g)
-        for h in hooks: h.remove()
+        for p, g in saved:
+            p.requires_grad_(g)
+        for h in hooks:
+            h.remove()
+
 
 @contextmanager
 def interpolated(sites: list[_Site], models: list):
     "Within: every site's module follows the current `_Point` (set with the yielded setter); weights need no gradient."
     state = {}
     for s in sites:
-        if "forward" in s.recipient.__dict__: raise RuntimeError(f"Module {type(s.recipient).__name__} is already patched.")
+        if "forward" in s.recipient.__dict__:
+            raise RuntimeError(f"Module {type(s.recipient).__name__} is already patched.")
     with _frozen(models):
-        for s in sites: s.recipient.forward = _site_forward(s, s.recipient.forward, lambda: state["point"])
-        try: yield lambda point: state.__setitem__("point", point)
+        for s in sites:
+            s.recipient.forward = _site_forward(s, s.recipient.forward, lambda: state["point"])
+        try:
+            yield lambda point: state.__setitem__("point", point)
         finally:
-            for s in sites: s.recipient.__dict__.pop("forward", None)
-
+            for s in sites:
+                s.recipient.__dict__.pop("forward", None)
 
 # %% ../../nbs/03a_interpolate.ipynb #c012
 def role_index(prep: dict, roles: list[str]) -> torch.Tensor:
@@ -404,21 +513,28 @@ def role_index(prep: dict, roles: list[str]) -> torch.Tensor:
         for j, role in enumerate(roles):
             pos = range(n) if role == "other" else [n - 1] if role == "last_token" else fields.get(role, [])
             for p in pos:
-                if out[i, pad + p] == len(roles): out[i, pad + p] = j
+                if out[i, pad + p] == len(roles):
+                    out[i, pad + p] = j
     return out.to(ids.device)
+
 
 def check_examples(grid: Grid, examples: list[dict]):
     "Raise unless every field role of `grid` has a span in some example (before any forward pass)."
-    if not examples: raise ValueError("No examples to localise on.")
+    if not examples:
+        raise ValueError("No examples to localise on.")
     have = {f for e in examples for f in e.get("spans", {})}
     if missing := [r for r in grid.roles if r not in SPECIAL_ROLES and r not in have]:
-        raise ValueError(f"Position role(s) {missing} occur in no example's template; the templates have fields "
-                         f"{sorted(have)} (plus 'last_token' and 'other').")
+        raise ValueError(
+            f"Position role(s) {missing} occur in no example's template; the templates have fields "
+            f"{sorted(have)} (plus 'last_token' and 'other')."
+        )
+
 
 def target_logprob(logits: torch.Tensor, prep: dict) -> torch.Tensor:
     "Log-probability of each example's first target token from last-position logits."
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     return logits[:, -1].float().log_softmax(-1).gather(1, tids[:, None])[:, 0]
+
 
 def logprobs_at(recipient, prep: dict, roles: torch.Tensor, set_point, values: torch.Tensor, grad: bool):
     "Target log-probabilities (batch,) at cell values `values`, and their gradient against each cell (batch, n_cells)."
@@ -434,13 +550,17 @@ def logprobs_at(recipient, prep: dict, roles: torch.Tensor, set_point, values: t
 def interpolation(recipient, donor, grid: Grid, examples: list[dict]) -> tuple[list, list]:
     """The sites of `grid` between `recipient` and `donor` (a model, or a LoRA adapter: directory or PeftModel) and the
     models to freeze while interpolating, after every check (before any forward pass)."""
-    donor = as_donor(recipient, donor)   # an adapter: a view of the recipient
+    donor = as_donor(recipient, donor)  # an adapter: a view of the recipient
     check_compatible(recipient, donor)
     check_examples(grid, examples)
     sites = _sites(grid, recipient, donor)
-    if not sites: raise ValueError(f"The donor changes no module of the grid's components ({', '.join(grid.components)}): "
-                                   "every cell would score 0. Fix: localise over the components the adapter adapts.")
-    return sites, [m for m in (recipient, donor) if not isinstance(m, DonorView)]   # a view has no weights of its own
+    if not sites:
+        raise ValueError(
+            f"The donor changes no module of the grid's components ({', '.join(grid.components)}): "
+            "every cell would score 0. Fix: localise over the components the adapter adapts."
+        )
+    return sites, [m for m in (recipient, donor) if not isinstance(m, DonorView)]  # a view has no weights of its own
+
 
 def each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int, fn) -> list:
     "`fn(prep, roles, set_point)` for every batch of `examples`, inside the grid's interpolation."
@@ -451,12 +571,21 @@ def each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, ba
             out.append(fn(prep, role_index(prep, grid.roles), set_point))
     return out
 
-def at_point(recipient, donor, tokenizer, examples: list[dict], grid: Grid, values, grad: bool = True,
-             batch_size: int = 32) -> tuple:
+
+def at_point(
+    recipient, donor, tokenizer, examples: list[dict], grid: Grid, values, grad: bool = True, batch_size: int = 32
+) -> tuple:
     "Log-probabilities (n_examples,) and, with `grad`, gradients (n_examples, n_cells) at cell values `values` (n_cells,)."
     values = torch.as_tensor(values, dtype=torch.float32).cpu()
-    if values.shape != (len(grid),): raise ValueError(f"values must have one entry per cell ({len(grid)}), got {tuple(values.shape)}.")
-    parts = each_batch(recipient, donor, tokenizer, examples, grid, batch_size,
-                        lambda prep, roles, sp: logprobs_at(recipient, prep, roles, sp, values, grad))
+    if values.shape != (len(grid),):
+        raise ValueError(f"values must have one entry per cell ({len(grid)}), got {tuple(values.shape)}.")
+    parts = each_batch(
+        recipient,
+        donor,
+        tokenizer,
+        examples,
+        grid,
+        batch_size,
+        lambda prep, roles, sp: logprobs_at(recipient, prep, roles, sp, values, grad),
+    )
     return torch.cat([p[0].cpu() for p in parts]), torch.cat([p[1].cpu() for p in parts]) if grad else None
-

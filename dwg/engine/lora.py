@@ -4,7 +4,10 @@
 
 # %% ../../nbs/02c_lora.ipynb #863db3d9
 from __future__ import annotations
-import functools, json, os, re
+import functools
+import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -16,112 +19,175 @@ __all__ = ['ADAPTER_CONFIG', 'ADAPTER_WEIGHTS', 'adapter_dir', 'check_adapter_co
 
 # %% ../../nbs/02c_lora.ipynb #1817f6ed
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-_STATE_PREFIX = "base_model.model."   # how peft names the causal-LM model's modules in an adapter's state
+_STATE_PREFIX = "base_model.model."  # how peft names the causal-LM model's modules in an adapter's state
+
 
 def adapter_dir(path) -> Path | None:
     "The LoRA adapter directory at `path` (itself, or its `model/` as in a sweep's training run), or None."
-    if not isinstance(path, (str, os.PathLike)): return None
+    if not isinstance(path, (str, os.PathLike)):
+        return None
     p = Path(path)
     for d in (p, p / "model"):
-        if (d / ADAPTER_CONFIG).is_file(): return d
+        if (d / ADAPTER_CONFIG).is_file():
+            return d
     return None
 
 # %% ../../nbs/02c_lora.ipynb #36ed2225
 # adapter_config.json keys that do not change what the adapted modules compute (or that dwg applies itself); any other
 # key that is set (DoRA, modules_to_save, layer_replication, target_parameters, aLoRA, ...) is refused by name
-_PLAIN_KEYS = {"r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules", "fan_in_fan_out", "use_rslora",
-               "rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern", "init_lora_weights",
-               "peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping",
-               "peft_version", "lora_bias", "megatron_core", "loftq_config", "eva_config", "corda_config",
-               "lora_ga_config", "qalora_group_size", "ensure_weight_tying", "runtime_config", "bias"}
+_PLAIN_KEYS = {
+    "r",
+    "lora_alpha",
+    "lora_dropout",
+    "target_modules",
+    "exclude_modules",
+    "fan_in_fan_out",
+    "use_rslora",
+    "rank_pattern",
+    "alpha_pattern",
+    "layers_to_transform",
+    "layers_pattern",
+    "init_lora_weights",
+    "peft_type",
+    "task_type",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+    "auto_mapping",
+    "peft_version",
+    "lora_bias",
+    "megatron_core",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "lora_ga_config",
+    "qalora_group_size",
+    "ensure_weight_tying",
+    "runtime_config",
+    "bias",
+}
+
 
 def check_adapter_config(cfg: dict, source: str) -> dict:
     "`cfg` if it describes a plain LoRA adapter that dwg can apply; else a ValueError naming the setting and the fix."
     if cfg.get("peft_type") != "LORA":
-        raise ValueError(f"{source} is a {cfg.get('peft_type')} adapter; dwg grafts LoRA adapters only "
-                         "(peft_type LORA). Fix: fine-tune with LoRA, or merge the adapter and graft the full model.")
+        raise ValueError(
+            f"{source} is a {cfg.get('peft_type')} adapter; dwg grafts LoRA adapters only "
+            "(peft_type LORA). Fix: fine-tune with LoRA, or merge the adapter and graft the full model."
+        )
     if cfg.get("bias", "none") != "none":
-        raise ValueError(f"{source} trains the base model's biases (bias={cfg['bias']!r}); dwg applies LoRA deltas only. "
-                         "Fix: fine-tune with bias='none', or merge the adapter (dwg.science.models.load) and graft that model.")
+        raise ValueError(
+            f"{source} trains the base model's biases (bias={cfg['bias']!r}); dwg applies LoRA deltas only. "
+            "Fix: fine-tune with bias='none', or merge the adapter (dwg.science.models.load) and graft that model."
+        )
     extra = sorted(k for k, v in cfg.items() if k not in _PLAIN_KEYS and v not in (None, False, {}, [], "", 0))
     if extra:
-        raise ValueError(f"{source} sets {', '.join(f'{k}={cfg[k]!r}' for k in extra)}: not a plain LoRA adapter, "
-                         "so its grafted modules would compute something else than base + B A x. Fix: merge it "
-                         "(dwg.science.models.load(adapter_dir) merges with peft) and graft the merged model.")
+        raise ValueError(
+            f"{source} sets {', '.join(f'{k}={cfg[k]!r}' for k in extra)}: not a plain LoRA adapter, "
+            "so its grafted modules would compute something else than base + B A x. Fix: merge it "
+            "(dwg.science.models.load(adapter_dir) merges with peft) and graft the merged model."
+        )
     return cfg
 
 # %% ../../nbs/02c_lora.ipynb #f794b477
 def _pattern_value(patterns: dict, path: str, default):
     "The value of the first key of `patterns` matching the end of module `path` (as peft's rank/alpha patterns), else `default`."
     for key, value in (patterns or {}).items():
-        if re.fullmatch(rf"(.*\.)?({key})", path): return value
+        if re.fullmatch(rf"(.*\.)?({key})", path):
+            return value
     return default
+
 
 def _scale(cfg: dict, path: str, r: int) -> float:
     "LoRA's output scale for the module at `path` of rank `r`: alpha / r (alpha / sqrt(r) with rsLoRA)."
     alpha = _pattern_value(cfg.get("alpha_pattern"), path, cfg.get("lora_alpha", 8))
-    return alpha / (r ** 0.5 if cfg.get("use_rslora") else r)
+    return alpha / (r**0.5 if cfg.get("use_rslora") else r)
+
 
 @dataclass
 class LoraDelta:
     "One adapted module's low-rank update: output += scale * (B (A x) + bias)."
-    A: torch.Tensor                       # (r, in_features)
-    B: torch.Tensor                       # (out_features, r)
+
+    A: torch.Tensor  # (r, in_features)
+    B: torch.Tensor  # (out_features, r)
     scale: float
-    bias: torch.Tensor | None = None      # lora_bias: a bias on B
+    bias: torch.Tensor | None = None  # lora_bias: a bias on B
+
 
 def _deltas(state: dict, cfg: dict, source: str) -> dict[str, LoraDelta]:
     "Module path -> LoraDelta from an adapter's state dict (peft's saved names)."
     parts: dict[str, dict] = {}
     for key, value in state.items():
-        m = re.fullmatch(rf"{re.escape(_STATE_PREFIX)}(.+)\.(lora_A\.weight|lora_B\.weight|lora_B\.bias|lora_embedding_[AB])", key)
+        m = re.fullmatch(
+            rf"{re.escape(_STATE_PREFIX)}(.+)\.(lora_A\.weight|lora_B\.weight|lora_B\.bias|lora_embedding_[AB])", key
+        )
         if m is None:
-            raise ValueError(f"{source} holds '{key}', which is not a LoRA A/B weight of a module; dwg applies plain "
-                             "LoRA deltas only. Fix: merge the adapter (dwg.science.models.load) and graft the merged model.")
+            raise ValueError(
+                f"{source} holds '{key}', which is not a LoRA A/B weight of a module; dwg applies plain "
+                "LoRA deltas only. Fix: merge the adapter (dwg.science.models.load) and graft the merged model."
+            )
         if m[2].startswith("lora_embedding"):
-            raise ValueError(f"{source} adapts the embedding '{m[1]}' (LoRA on embeddings); dwg grafts LoRA on linear "
-                             "layers only. Fix: fine-tune with target_modules naming linear layers (e.g. q_proj, "
-                             "v_proj, down_proj), or merge the adapter (dwg.science.models.load) and graft the merged model.")
+            raise ValueError(
+                f"{source} adapts the embedding '{m[1]}' (LoRA on embeddings); dwg grafts LoRA on linear "
+                "layers only. Fix: fine-tune with target_modules naming linear layers (e.g. q_proj, "
+                "v_proj, down_proj), or merge the adapter (dwg.science.models.load) and graft the merged model."
+            )
         parts.setdefault(m[1], {})[m[2]] = value
     out = {}
     for path, p in parts.items():
         if "lora_A.weight" not in p or "lora_B.weight" not in p:
-            raise ValueError(f"{source} has only part of the LoRA weights of '{path}' ({', '.join(p)}): a damaged adapter.")
+            raise ValueError(
+                f"{source} has only part of the LoRA weights of '{path}' ({', '.join(p)}): a damaged adapter."
+            )
         A, B = p["lora_A.weight"], p["lora_B.weight"]
         out[path] = LoraDelta(A, B, _scale(cfg, path, A.shape[0]), p.get("lora_B.bias"))
-    if not out: raise ValueError(f"{source} holds no LoRA weights: nothing to graft.")
+    if not out:
+        raise ValueError(f"{source} holds no LoRA weights: nothing to graft.")
     return out
 
 # %% ../../nbs/02c_lora.ipynb #b6d8b837
 @dataclass
 class Adapter:
     "A LoRA adapter read into memory: its deltas by module path, the base model it was trained on, where it came from."
+
     deltas: dict[str, LoraDelta]
-    base: str | None = None           # base_model_name_or_path of its config
+    base: str | None = None  # base_model_name_or_path of its config
     source: str = "the adapter"
-    check_base: bool = True           # refuse a recipient whose name differs from `base`
+    check_base: bool = True  # refuse a recipient whose name differs from `base`
     config: dict = field(default_factory=dict)
+
 
 @functools.lru_cache(maxsize=8)
 def _read_dir(path: str, stamp: tuple, check_base: bool) -> Adapter:
     "An adapter directory's contents (cached by path and file times: graft reads it once, not once per batch)."
     from safetensors.torch import load_file
+
     d = Path(path)
     source = f"LoRA adapter {d}"
     cfg = check_adapter_config(json.loads((d / ADAPTER_CONFIG).read_text()), source)
     if not (d / ADAPTER_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{source} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}: save it with "
-                                "`peft_model.save_pretrained(dir)` (safetensors, the default).")
-    return Adapter(_deltas(load_file(str(d / ADAPTER_WEIGHTS)), cfg, source), cfg.get("base_model_name_or_path"),
-                   source, check_base, cfg)
+        raise FileNotFoundError(
+            f"{source} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}: save it with "
+            "`peft_model.save_pretrained(dir)` (safetensors, the default)."
+        )
+    return Adapter(
+        _deltas(load_file(str(d / ADAPTER_WEIGHTS)), cfg, source),
+        cfg.get("base_model_name_or_path"),
+        source,
+        check_base,
+        cfg,
+    )
+
 
 def is_peft_model(obj) -> bool:
     "Whether `obj` is a peft `PeftModel` (checked without importing peft)."
     return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(obj).__mro__)
 
+
 def _read_peft_model(pm, check_base: bool) -> Adapter:
     "The active adapter of a `PeftModel`, its tensors shared with the model (no copy)."
     from peft import get_peft_model_state_dict
+
     name = pm.active_adapter if isinstance(pm.active_adapter, str) else pm.active_adapter[0]
     cfg = check_adapter_config(pm.peft_config[name].to_dict(), f"PeftModel adapter '{name}'")
     cfg["peft_type"] = str(getattr(cfg["peft_type"], "value", cfg["peft_type"]))
@@ -129,83 +195,103 @@ def _read_peft_model(pm, check_base: bool) -> Adapter:
     source = f"PeftModel adapter '{name}'"
     return Adapter(_deltas(state, cfg, source), cfg.get("base_model_name_or_path"), source, check_base, cfg)
 
+
 def read_adapter(src, check_base: bool = True) -> Adapter:
     "An `Adapter` from an adapter directory (peft's `save_pretrained`) or a `PeftModel`; `check_base=False` skips the base-name check."
-    if isinstance(src, Adapter): return src
-    if is_peft_model(src): return _read_peft_model(src, check_base)
+    if isinstance(src, Adapter):
+        return src
+    if is_peft_model(src):
+        return _read_peft_model(src, check_base)
     d = adapter_dir(src)
     if d is None:
-        raise ValueError(f"{src!r} is not a LoRA adapter: no {ADAPTER_CONFIG} in it (or in its model/). Fix: give the "
-                         "directory `PeftModel.save_pretrained` wrote, or a PeftModel.")
+        raise ValueError(
+            f"{src!r} is not a LoRA adapter: no {ADAPTER_CONFIG} in it (or in its model/). Fix: give the "
+            "directory `PeftModel.save_pretrained` wrote, or a PeftModel."
+        )
     stamp = tuple((d / f).stat().st_mtime_ns if (d / f).exists() else 0 for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
     return _read_dir(str(d.resolve()), stamp, check_base)
 
 # %% ../../nbs/02c_lora.ipynb #9ea18e0f
 class LoraModule(nn.Module):
     "A recipient module plus an adapter's delta: base(x) + scale * (B (A x) + bias). Shares the base module (no copy)."
+
     def __init__(self, base: nn.Module, delta: LoraDelta):
         super().__init__()
         w = base.weight
-        self.__dict__["base"] = base            # not a submodule: the view owns no weights of the recipient
+        self.__dict__["base"] = base  # not a submodule: the view owns no weights of the recipient
         self.A, self.B = delta.A.to(w.device, w.dtype), delta.B.to(w.device, w.dtype)
         self.bias = None if delta.bias is None else delta.bias.to(w.device, w.dtype)
         self.scale = delta.scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         low = nn.functional.linear(nn.functional.linear(x.to(self.A.dtype), self.A), self.B, self.bias)
-        return self.base.forward(x) + (self.scale * low).to(x.dtype)   # forward: not the base's graft hooks
+        return self.base.forward(x) + (self.scale * low).to(x.dtype)  # forward: not the base's graft hooks
 
 # %% ../../nbs/02c_lora.ipynb #ac5feb4e
 def _same_name(a: str, b: str) -> bool:
     "Whether two model names or paths name the same model (paths compared resolved)."
-    if a == b: return True
+    if a == b:
+        return True
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
     return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
 
 def _check_recipient(recipient, adapter: Adapter):
     "Raise unless `recipient` is a plain model (no LoRA injected) and the base model `adapter` was trained on."
     injected = next((n for n, m in recipient.named_modules() if hasattr(m, "lora_A")), None)
     if injected is not None:
-        raise ValueError(f"The recipient has LoRA layers injected ('{injected}'): peft's get_peft_model changes the "
-                         "model it is given in place. Fix: load the recipient again and call get_peft_model on a "
-                         "copy (or give the adapter directory).")
+        raise ValueError(
+            f"The recipient has LoRA layers injected ('{injected}'): peft's get_peft_model changes the "
+            "model it is given in place. Fix: load the recipient again and call get_peft_model on a "
+            "copy (or give the adapter directory)."
+        )
     have = getattr(recipient, "name_or_path", "") or ""
     if adapter.check_base and adapter.base and have and not _same_name(adapter.base, have):
-        raise ValueError(f"{adapter.source} was trained on '{adapter.base}' (base_model_name_or_path), but the "
-                         f"recipient is '{have}': its deltas only mean something on top of their own base model. Fix: "
-                         f"graft into dwg.science.models.load('{adapter.base}'); if the recipient is that model under another "
-                         "name, pass dwg.engine.lora.read_adapter(src, check_base=False) as the donor.")
+        raise ValueError(
+            f"{adapter.source} was trained on '{adapter.base}' (base_model_name_or_path), but the "
+            f"recipient is '{have}': its deltas only mean something on top of their own base model. Fix: "
+            f"graft into dwg.science.models.load('{adapter.base}'); if the recipient is that model under another "
+            "name, pass dwg.engine.lora.read_adapter(src, check_base=False) as the donor."
+        )
+
 
 def _adapted_module(recipient, path: str, delta: LoraDelta, adapter: Adapter) -> LoraModule:
     "The `LoraModule` for `path`, or a clear error if the recipient has no such linear module of the adapter's shape."
     source = adapter.source
-    try: base = recipient.get_submodule(path)
+    try:
+        base = recipient.get_submodule(path)
     except AttributeError:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in recipient.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"{source} adapts '{path}', which this {recipient.config.model_type} recipient does not have. "
-                         f"Fix: graft into the model the adapter was trained on, or fine-tune with target_modules "
-                         f"this model has (its linear layers: {', '.join(linear)}).") from None
+        raise ValueError(
+            f"{source} adapts '{path}', which this {recipient.config.model_type} recipient does not have. "
+            f"Fix: graft into the model the adapter was trained on, or fine-tune with target_modules "
+            f"this model has (its linear layers: {', '.join(linear)})."
+        ) from None
     w = getattr(base, "weight", None)
     if w is None or w.dim() != 2 or isinstance(base, nn.Embedding):
         raise ValueError(f"{source} adapts '{path}', a {type(base).__name__}: dwg applies LoRA on linear layers only.")
-    out_f, in_f = (w.shape[1], w.shape[0]) if type(base).__name__ == "Conv1D" else w.shape   # GPT-2's Conv1D: (in, out)
+    out_f, in_f = (w.shape[1], w.shape[0]) if type(base).__name__ == "Conv1D" else w.shape  # GPT-2's Conv1D: (in, out)
     if delta.A.shape[1] != in_f or delta.B.shape[0] != out_f:
-        raise ValueError(f"{source} was made for another model: at '{path}' it maps {delta.A.shape[1]} -> "
-                         f"{delta.B.shape[0]} features, the recipient's module {in_f} -> {out_f}. Fix: graft into the "
-                         f"base model it was trained on ({adapter.base or 'see its adapter_config.json'}).")
+        raise ValueError(
+            f"{source} was made for another model: at '{path}' it maps {delta.A.shape[1]} -> "
+            f"{delta.B.shape[0]} features, the recipient's module {in_f} -> {out_f}. Fix: graft into the "
+            f"base model it was trained on ({adapter.base or 'see its adapter_config.json'})."
+        )
     return LoraModule(base, delta)
 
 # %% ../../nbs/02c_lora.ipynb #68989dda
 class DonorView:
     """The donor that a LoRA adapter makes of a recipient, without a second copy of the model: each adapted module is a
     `LoraModule` on the recipient's own module; every other module *is* the recipient's (grafting it changes nothing)."""
+
     def __init__(self, recipient, adapter: Adapter):
         _check_recipient(recipient, adapter)
         self.recipient, self.adapter, self.config = recipient, adapter, recipient.config
         self.modules = {p: _adapted_module(recipient, p, d, adapter) for p, d in adapter.deltas.items()}
 
     @property
-    def device(self): return self.recipient.device
+    def device(self):
+        return self.recipient.device
 
     def get_submodule(self, path: str):
         "The donor's module at `path`: adapted, or the recipient's own."
@@ -215,20 +301,31 @@ class DonorView:
         name = next((n for n, m in self.recipient.named_modules() if m is module), None)
         return self.modules.get(name, module)
 
-    def get_input_embeddings(self): return self._same(self.recipient.get_input_embeddings())
-    def get_output_embeddings(self): return self._same(self.recipient.get_output_embeddings())
-    def named_parameters(self, *args, **kwargs): return self.recipient.named_parameters(*args, **kwargs)
-    def __repr__(self): return f"DonorView({self.adapter.source}: {len(self.modules)} adapted modules)"
+    def get_input_embeddings(self):
+        return self._same(self.recipient.get_input_embeddings())
+
+    def get_output_embeddings(self):
+        return self._same(self.recipient.get_output_embeddings())
+
+    def named_parameters(self, *args, **kwargs):
+        return self.recipient.named_parameters(*args, **kwargs)
+
+    def __repr__(self):
+        return f"DonorView({self.adapter.source}: {len(self.modules)} adapted modules)"
+
 
 def is_lora_donor(donor) -> bool:
     "Whether `donor` is a LoRA adapter in any form `as_donor` takes: a directory, a `PeftModel`, an `Adapter` or a view."
     return isinstance(donor, (Adapter, DonorView)) or is_peft_model(donor) or adapter_dir(donor) is not None
+
 
 def as_donor(recipient, donor):
     "The donor to graft from: a LoRA adapter (directory, PeftModel, Adapter) becomes a `DonorView` of `recipient`; a model stays as it is."
     if isinstance(donor, DonorView):
         return donor if donor.recipient is recipient else DonorView(recipient, donor.adapter)
     if isinstance(donor, (str, os.PathLike)) and adapter_dir(donor) is None:
-        raise ValueError(f"Donor {str(donor)!r} is a path but not a LoRA adapter directory (no {ADAPTER_CONFIG}). "
-                         "Fix: pass a loaded model (dwg.science.models.load(path)[0]) or an adapter directory.")
+        raise ValueError(
+            f"Donor {str(donor)!r} is a path but not a LoRA adapter directory (no {ADAPTER_CONFIG}). "
+            "Fix: pass a loaded model (dwg.science.models.load(path)[0]) or an adapter directory."
+        )
     return DonorView(recipient, read_adapter(donor)) if is_lora_donor(donor) else donor

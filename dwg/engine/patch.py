@@ -4,7 +4,8 @@
 
 # %% ../../nbs/02b_patch.ipynb #eb4c3c86
 from __future__ import annotations
-import copy, weakref
+import copy
+import weakref
 from contextlib import contextmanager
 import torch
 from .arch import part_rows
@@ -19,9 +20,11 @@ __all__ = ['SITES', 'model_sites', 'resolve_sites', 'patch']
 SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "o", "gate", "up", "down")
 _BLOCK_SITES = {"attn_out": "attn", "mlp_out": "mlp"}
 
+
 def _parallel(model) -> bool:
     "Whether attention and MLP read the same residual (GPT-NeoX's parallel residual): then there is no `resid_mid`."
     return bool(getattr(model.config, "use_parallel_residual", False))
+
 
 def model_sites(model) -> list[str]:
     "The sites this model's family has (`gate` only where the MLP is gated, `resid_mid` only without parallel blocks)."
@@ -29,31 +32,39 @@ def model_sites(model) -> list[str]:
     always = ("resid_pre", "resid_post", *_BLOCK_SITES, *(() if _parallel(model) else ("resid_mid",)))
     return [s for s in SITES if s in always or s in layer]
 
+
 def resolve_sites(model, sites) -> list[str]:
     "Site names from a name or a list; errors name the sites this model has."
-    try: names = [sites] if isinstance(sites, str) else list(sites)
-    except TypeError: names = None
+    try:
+        names = [sites] if isinstance(sites, str) else list(sites)
+    except TypeError:
+        names = None
     have = model_sites(model)
     if not names:
         raise ValueError(f"Site spec {sites!r} names no site: give a name or a non-empty list of {', '.join(have)}.")
     for s in names:
         if s == "resid_mid" and _parallel(model):
-            raise ValueError(f"Site 'resid_mid' does not exist in this {model.config.model_type} model: its attention "
-                             "and MLP run in parallel on the same residual (use_parallel_residual). Patch 'attn_out', "
-                             "'mlp_out', 'resid_pre' or 'resid_post' instead.")
+            raise ValueError(
+                f"Site 'resid_mid' does not exist in this {model.config.model_type} model: its attention "
+                "and MLP run in parallel on the same residual (use_parallel_residual). Patch 'attn_out', "
+                "'mlp_out', 'resid_pre' or 'resid_post' instead."
+            )
         if s not in have:
             known = "does not exist in " + model.config.model_type if s in SITES else "is unknown"
             raise ValueError(f"Site '{s}' {known}. This model has: {', '.join(have)}.")
     return list(dict.fromkeys(names))
 
+
 def _site_module(model, site: str, layer: int) -> tuple:
     "(module, output columns or None): where `site` of `layer` is read in a donor and written in a recipient."
     arch = architecture(model)
     block = model.get_submodule(f"{arch['layers']}.{layer}")
-    if site in ("resid_pre", "resid_post"): return block, None
-    if site == "resid_mid":   # the module whose output the layer adds to its input: the attention block, or its norm
+    if site in ("resid_pre", "resid_post"):
+        return block, None
+    if site == "resid_mid":  # the module whose output the layer adds to its input: the attention block, or its norm
         return block.get_submodule(arch["blocks"].get("mid", arch["blocks"]["attn"])), None
-    if site in _BLOCK_SITES: return block.get_submodule(arch["blocks"][_BLOCK_SITES[site]]), None
+    if site in _BLOCK_SITES:
+        return block.get_submodule(arch["blocks"][_BLOCK_SITES[site]]), None
     spec = arch["layer"][site]
     path, part = (spec, None) if isinstance(spec, str) else spec
     module = block.get_submodule(path)
@@ -64,60 +75,91 @@ def _first(x):
     "A module's main output: the tensor itself, or the first element of a tuple."
     return x[0] if isinstance(x, tuple) else x
 
+
 def _hidden_states(args: tuple, kwargs: dict):
     "A decoder layer's input hidden states, passed positionally or by name."
     return args[0] if args else kwargs["hidden_states"]
 
+
 def _layer_inputs(model, layers, store: dict) -> list:
     "Pre-hooks that keep each of `layers`' input hidden states (its residual stream) in `store[layer]`."
-    def keep(layer): return lambda m, a, kw: store.__setitem__(layer, _hidden_states(a, kw))
-    return [_site_module(model, "resid_pre", i)[0].register_forward_pre_hook(keep(i), with_kwargs=True)
-            for i in sorted(set(layers))]
+
+    def keep(layer):
+        return lambda m, a, kw: store.__setitem__(layer, _hidden_states(a, kw))
+
+    return [
+        _site_module(model, "resid_pre", i)[0].register_forward_pre_hook(keep(i), with_kwargs=True)
+        for i in sorted(set(layers))
+    ]
+
 
 def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, object]:
     "Run `donor` on the recipient's inputs; its activation at each (site, layer) of `targets`, and its output."
     acts, inputs = {}, {}
-    def keep(key, value): acts[key] = value.detach()
+
+    def keep(key, value):
+        acts[key] = value.detach()
+
     handles = _layer_inputs(donor, [i for s, i in targets if s == "resid_mid"], inputs)
     try:
         for key, (module, _) in targets.items():
             if key[0] == "resid_pre":
-                handles.append(module.register_forward_pre_hook(
-                    lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True))
-            elif key[0] == "resid_mid":   # the layer's input plus what it adds to it before the MLP
-                handles.append(module.register_forward_hook(
-                    lambda m, a, out, key=key: keep(key, inputs[key[1]] + _first(out))))
-            else: handles.append(module.register_forward_hook(lambda m, a, out, key=key: keep(key, _first(out))))
-        with torch.no_grad(): out = donor(*args, **kwargs)
+                handles.append(
+                    module.register_forward_pre_hook(
+                        lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True
+                    )
+                )
+            elif key[0] == "resid_mid":  # the layer's input plus what it adds to it before the MLP
+                handles.append(
+                    module.register_forward_hook(lambda m, a, out, key=key: keep(key, inputs[key[1]] + _first(out)))
+                )
+            else:
+                handles.append(module.register_forward_hook(lambda m, a, out, key=key: keep(key, _first(out))))
+        with torch.no_grad():
+            out = donor(*args, **kwargs)
     finally:
-        for h in handles: h.remove()
+        for h in handles:
+            h.remove()
     return acts, out
+
 
 def _spliced(x: torch.Tensor, donor_x: torch.Tensor, mask: torch.Tensor, cols) -> torch.Tensor:
     "`x` with the donor's values at the masked positions (only columns `cols` of a fused projection)."
     m = aligned_mask(mask, x).view(*x.shape[:2], *([1] * (x.dim() - 2)))
     new = torch.where(m, donor_x.to(x.dtype), x)
-    if cols is None: return new
+    if cols is None:
+        return new
     cols = cols.to(x.device)
     return torch.where(cols, new, x)
+
 
 def _replace_first(out, value):
     "`out` with its main output replaced by `value`."
     return (value, *out[1:]) if isinstance(out, tuple) else value
 
 # %% ../../nbs/02b_patch.ipynb #ce529c0d
-_DONOR_CACHES = weakref.WeakKeyDictionary()   # a recipient's KV cache -> {id(donor): the donor's cache of the same tokens}
+_DONOR_CACHES = (
+    weakref.WeakKeyDictionary()
+)  # a recipient's KV cache -> {id(donor): the donor's cache of the same tokens}
+
 
 def _inputs_key(args: tuple, kwargs: dict) -> tuple:
     "What identifies a forward's inputs: each tensor's storage, shape and version, and every other value."
+
     def ident(v):
-        if not torch.is_tensor(v): return repr(v)
+        if not torch.is_tensor(v):
+            return repr(v)
         return v.data_ptr(), tuple(v.shape), v.stride(), -1 if v.is_inference() else v._version
+
     return tuple(map(ident, args)), tuple((k, ident(v)) for k, v in sorted(kwargs.items()))
+
 
 class _SharedCache:
     "A donor's KV cache that several `patch` contexts hold: a generation that continues it continues a copy."
-    def __init__(self, cache): self.cache = cache
+
+    def __init__(self, cache):
+        self.cache = cache
+
 
 def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tuple[dict, object]:
     """The donor's activations at every layer of `sites` on these inputs, from `runs` (recorded by an earlier `patch`
@@ -133,42 +175,61 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
         run["cache"] = getattr(out, "past_key_values", None)
     return run["acts"], None if run["cache"] is None else _SharedCache(run["cache"])
 
+
 def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
     """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
     with `whole`, the recipient runs the columns of that batch that end where `mask` ends (all of them, or a head
     without the last): the donor runs all of it, its activations cut to those columns."""
+
     def hook(module, args, kwargs):
         if whole is not None:
-            x = kwargs["inputs_embeds"] if "inputs_embeds" in kwargs else kwargs.get("input_ids", args[0] if args else None)
+            x = (
+                kwargs["inputs_embeds"]
+                if "inputs_embeds" in kwargs
+                else kwargs.get("input_ids", args[0] if args else None)
+            )
             skipped = mask.shape[1] - x.shape[1]
             if mask[:, :skipped].any():
-                raise ValueError(f"patch: the mask patches some of the first {skipped} columns, which the recipient "
-                                 "takes from its cache. Fix: start the recipient at the first patched column.")
-            acts, state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, (), whole, {} if runs is None else runs)
-            state["acts"] = {key: acts[key][:, skipped:mask.shape[1]] for key in targets}   # the mask may end early
+                raise ValueError(
+                    f"patch: the mask patches some of the first {skipped} columns, which the recipient "
+                    "takes from its cache. Fix: start the recipient at the first patched column."
+                )
+            acts, state["donor_cache"] = _reused_run(
+                donor, {s for s, _ in targets}, (), whole, {} if runs is None else runs
+            )
+            state["acts"] = {key: acts[key][:, skipped : mask.shape[1]] for key in targets}  # the mask may end early
             return
         cache = kwargs.get("past_key_values")
         if cache is None and runs is not None:
             state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
             return
-        if cache is not None:   # a continued sequence: the donor continues its own cache of the same tokens
+        if cache is not None:  # a continued sequence: the donor continues its own cache of the same tokens
             paired = _DONOR_CACHES.get(cache, {}).get(id(donor))
             if paired is None:
-                raise ValueError("patch: this forward continues a KV cache (past_key_values) that was not made inside "
-                                 "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
-                                 "sequence inside `patch` (its cache can then be continued).")
-            if isinstance(paired, _SharedCache): paired = copy.deepcopy(paired.cache)   # this generation's own copy
+                raise ValueError(
+                    "patch: this forward continues a KV cache (past_key_values) that was not made inside "
+                    "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
+                    "sequence inside `patch` (its cache can then be continued)."
+                )
+            if isinstance(paired, _SharedCache):
+                paired = copy.deepcopy(paired.cache)  # this generation's own copy
             kwargs = {**kwargs, "past_key_values": paired}
         state["acts"], out = _record(donor, targets, args, kwargs)
         state["donor_cache"] = getattr(out, "past_key_values", None)
+
     return hook
+
 
 def _pair_caches(donor, state: dict):
     "A forward hook on the recipient: pair the donor's KV cache with the recipient's, so generation can continue both."
+
     def hook(module, args, out):
         mine, theirs = getattr(out, "past_key_values", None), state.pop("donor_cache", None)
-        if mine is not None and theirs is not None: _DONOR_CACHES.setdefault(mine, {})[id(donor)] = theirs
+        if mine is not None and theirs is not None:
+            _DONOR_CACHES.setdefault(mine, {})[id(donor)] = theirs
+
     return hook
+
 
 def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> list:
     """Hooks that write the donor's activations into each recipient site at the masked positions (`resid_mid`: the
@@ -176,41 +237,53 @@ def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> 
     inputs, handles = state.setdefault("inputs", {}), []
     for key, (module, cols) in targets.items():
         if key[0] == "resid_pre":
+
             def pre(m, args, kwargs, key=key, cols=cols):
                 x = _spliced(_hidden_states(args, kwargs), state["acts"][key], mask, cols)
                 return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         else:
+
             def post(m, args, out, key=key, cols=cols):
                 want = state["acts"][key] - inputs[key[1]] if key[0] == "resid_mid" else state["acts"][key]
                 return _replace_first(out, _spliced(_first(out), want, mask, cols))
+
             handles.append(module.register_forward_hook(post))
     # registered last, so they keep the layer input after a `resid_pre` patch of the same layer changed it
     return handles + _layer_inputs(recipient, [i for s, i in targets if s == "resid_mid"], inputs)
 
+
 @contextmanager
-def patch(recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None,
-          whole: dict | None = None):
+def patch(
+    recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None, whole: dict | None = None
+):
     """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
     a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context
     (its entry `"sites"`, {id(donor): site names}, makes that run record the sites of the contexts still to come).
     `whole`: the model's keyword arguments for the whole batch, when the recipient runs only its last columns after a
     cache of its own first ones (which the mask must leave alone); the donor runs the whole batch."""
     if is_lora_donor(donor):
-        raise ValueError("patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
-                         "the merged model, dwg.science.models.load(adapter_dir)[0] (grafting takes the adapter itself).")
+        raise ValueError(
+            "patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
+            "the merged model, dwg.science.models.load(adapter_dir)[0] (grafting takes the adapter itself)."
+        )
     check_compatible(recipient, donor)
     mask = as_mask(mask)
     idx = resolve_layers(layers, architecture(recipient)["n_layers"])
     keys = [(s, i) for s in resolve_sites(recipient, sites) for i in idx]
     state = {}
-    handles = [recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True),
-               recipient.register_forward_pre_hook(_donor_pass(donor, {k: _site_module(donor, *k) for k in keys},
-                                                               state, runs, whole, mask), with_kwargs=True),
-               recipient.register_forward_hook(_pair_caches(donor, state))]
+    handles = [
+        recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True),
+        recipient.register_forward_pre_hook(
+            _donor_pass(donor, {k: _site_module(donor, *k) for k in keys}, state, runs, whole, mask), with_kwargs=True
+        ),
+        recipient.register_forward_hook(_pair_caches(donor, state)),
+    ]
     try:
         handles += _splice_hooks(recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)
         yield recipient
     finally:
-        for h in handles: h.remove()
+        for h in handles:
+            h.remove()
         state.clear()

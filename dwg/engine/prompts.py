@@ -16,6 +16,7 @@ def _pad_id(tokenizer) -> int:
     else 0. Any id will do: padding is masked out. The tokenizer itself is left as it is."""
     return next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
+
 def encode(tokenizer, prompts: list[str], device=None) -> dict:
     "Tokenize `prompts` with left padding and explicit position ids; keep each prompt's char offsets and pad count."
     encs = [tokenizer(p, return_offsets_mapping=True) for p in prompts]
@@ -25,18 +26,25 @@ def encode(tokenizer, prompts: list[str], device=None) -> dict:
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, e in enumerate(encs):
         n = len(e["input_ids"])
-        ids[i, width - n:] = torch.tensor(e["input_ids"]); attn[i, width - n:] = 1
+        ids[i, width - n :] = torch.tensor(e["input_ids"])
+        attn[i, width - n :] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     batch = dict(input_ids=ids, attention_mask=attn, position_ids=pos)
-    if device is not None: batch = {k: v.to(device) for k, v in batch.items()}
-    return dict(batch=batch, offsets=[e["offset_mapping"] for e in encs], pads=[width - len(e["input_ids"]) for e in encs])
+    if device is not None:
+        batch = {k: v.to(device) for k, v in batch.items()}
+    return dict(
+        batch=batch, offsets=[e["offset_mapping"] for e in encs], pads=[width - len(e["input_ids"]) for e in encs]
+    )
+
 
 def target_token_ids(tokenizer, prompt: str, target: str) -> list[int]:
     "The token ids `target` gets when it follows `prompt` (tokenized together, so merges match the model's view)."
     p = tokenizer(prompt)["input_ids"]
     full = tokenizer(prompt + target)["input_ids"]
-    if full[:len(p)] == p and len(full) > len(p): return full[len(p):]
+    if full[: len(p)] == p and len(full) > len(p):
+        return full[len(p) :]
     return tokenizer(target, add_special_tokens=False)["input_ids"]
+
 
 @torch.no_grad()
 def last_logits(model, batch: dict) -> torch.Tensor:
@@ -44,16 +52,19 @@ def last_logits(model, batch: dict) -> torch.Tensor:
     out = model(**batch, logits_to_keep=1, use_cache=False)
     return out.logits[:, -1].float()
 
+
 def rank_and_prob(logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Rank (0 = best; a token as probable as the target counts as ahead of it) and probability of each row's target."
     probs = logits.softmax(-1)
     tgt = probs.gather(1, target_ids[:, None])
-    return (~(probs < tgt)).sum(-1) - 1, tgt[:, 0]   # a NaN target ranks last
+    return (~(probs < tgt)).sum(-1) - 1, tgt[:, 0]  # a NaN target ranks last
+
 
 def batches(items: list, size: int, desc: str | None = None):
     "Consecutive chunks of `items`, with a progress bar when `desc` is given and there is more than one chunk."
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    chunks = [items[i : i + size] for i in range(0, len(items), size)]
     return tqdm(chunks, desc=desc, leave=False) if desc and len(chunks) > 1 else chunks
+
 
 def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: bool = True) -> dict[str, list[int]]:
     "Token indices of each field span in `prompt` (offset-mapping overlap)."
@@ -64,30 +75,37 @@ def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: boo
     out = {}
     for field, (a, b) in spans.items():
         idx = [i for i, (s, e) in enumerate(offsets) if s < b and e > a and e > s]
-        if not idx: raise ValueError(f"No token of {prompt!r} overlaps field '{field}' span [{a}, {b}].")
+        if not idx:
+            raise ValueError(f"No token of {prompt!r} overlaps field '{field}' span [{a}, {b}].")
         out[field] = idx
     return out
+
 
 def check_example(e) -> None:
     "Raise, naming the example and the fix, unless `e` has a non-empty prompt and target and spans of (start, end)."
     if not isinstance(e, dict):
-        raise ValueError(f"An example is a dict with prompt, target and spans; got {type(e).__name__} {e!r:.80} "
-                         "(one example? pass a list holding it).")
+        raise ValueError(
+            f"An example is a dict with prompt, target and spans; got {type(e).__name__} {e!r:.80} "
+            "(one example? pass a list holding it)."
+        )
     for key in ("prompt", "target"):
         if not isinstance(e.get(key), str) or not e[key]:
             raise ValueError(f"Example {e.get('prompt')!r:.80} needs a non-empty string '{key}', got {e.get(key)!r}.")
     spans = e.get("spans", {})
     pair = lambda s: isinstance(s, (list, tuple)) and len(s) == 2 and all(isinstance(x, int) for x in s)
     if not isinstance(spans, dict) or not all(pair(s) for s in spans.values()):
-        raise ValueError(f"Example {e['prompt']!r:.80}: spans must map each role to its (start, end) character offsets "
-                         f"in the prompt, e.g. {{'first_actor': [0, 11]}}; got {spans!r:.80}.")
+        raise ValueError(
+            f"Example {e['prompt']!r:.80}: spans must map each role to its (start, end) character offsets "
+            f"in the prompt, e.g. {{'first_actor': [0, 11]}}; got {spans!r:.80}."
+        )
+
 
 def prepare(tokenizer, examples: list[dict], device=None) -> dict:
     "Tokenize a chunk of evaluation examples once (each checked): batch, per-example field token positions, target ids."
-    for e in examples: check_example(e)
+    for e in examples:
+        check_example(e)
     enc = encode(tokenizer, [e["prompt"] for e in examples], device)
     enc["fields"] = [token_positions(tokenizer, e["prompt"], e.get("spans", {})) for e in examples]
     enc["targets"] = [target_token_ids(tokenizer, e["prompt"], e["target"]) for e in examples]
     enc["examples"] = examples
     return enc
-

@@ -4,7 +4,8 @@
 
 # %% ../../nbs/04b_batches.ipynb #c0b1a003
 from __future__ import annotations
-import random, warnings
+import random
+import warnings
 import torch
 
 # %% auto #0
@@ -21,22 +22,30 @@ def encode_row(tokenizer, row: dict, max_length: int = 128, answer_only: bool = 
         labels = [t if end > start else -100 for t, (_, end) in zip(ids, enc["offset_mapping"])]
     return dict(input_ids=ids, labels=labels)
 
+
 def encode_rows(tokenizer, rows: list[dict], max_length: int = 128, answer_only: bool = False) -> list[dict]:
     "Encode training rows; warn when texts are truncated, fail when a row keeps no label."
     if answer_only and not getattr(tokenizer, "is_fast", False):
         raise ValueError("answer_only_loss needs a fast tokenizer (character offsets); this one is not fast.")
     out = [encode_row(tokenizer, r, max_length, answer_only) for r in rows]
     n_long = sum(len(tokenizer(r["text"])["input_ids"]) > max_length for r in rows)
-    if n_long: warnings.warn(f"{n_long} of {len(rows)} training texts are longer than max_length={max_length} tokens "
-                             "and were truncated; raise max_length in the profile.")
+    if n_long:
+        warnings.warn(
+            f"{n_long} of {len(rows)} training texts are longer than max_length={max_length} tokens "
+            "and were truncated; raise max_length in the profile."
+        )
     empty = [r["text"] for r, e in zip(rows, out) if all(l == -100 for l in e["labels"][1:])]
-    if empty: raise ValueError(f"{len(empty)} training texts keep no token to learn (answer cut off?), e.g. {empty[0]!r}.")
+    if empty:
+        raise ValueError(f"{len(empty)} training texts keep no token to learn (answer cut off?), e.g. {empty[0]!r}.")
     return out
 
 # %% ../../nbs/04b_batches.ipynb #0623b25b
 class PadCollator:
     "Pad a batch of encoded rows to its longest row (right padding; labels -100 on padding)."
-    def __init__(self, pad_token_id: int): self.pad = pad_token_id
+
+    def __init__(self, pad_token_id: int):
+        self.pad = pad_token_id
+
     def __call__(self, rows: list[dict]) -> dict:
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
@@ -44,20 +53,28 @@ class PadCollator:
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
-            ids[i, :n] = torch.tensor(r["input_ids"]); labels[i, :n] = torch.tensor(r["labels"]); mask[i, :n] = 1
+            ids[i, :n] = torch.tensor(r["input_ids"])
+            labels[i, :n] = torch.tensor(r["labels"])
+            mask[i, :n] = 1
         return dict(input_ids=ids, attention_mask=mask, labels=labels)
 
 # %% ../../nbs/04b_batches.ipynb #a9c2d002
 class PackCollator:
     "Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask, little padding."
-    def __init__(self, pad_token_id: int, width: int = 128): self.pad, self.width = pad_token_id, width
+
+    def __init__(self, pad_token_id: int, width: int = 128):
+        self.pad, self.width = pad_token_id, width
+
     def _bins(self, rows: list[dict]) -> list[list[dict]]:
         "ceil(tokens / width) bins, filled evenly: the longest text first, each into the emptiest bin."
         n = -(-sum(len(r["input_ids"]) for r in rows) // self.width)
         bins, fill = [[] for _ in range(n)], [0] * n
         for r in sorted(rows, key=lambda r: -len(r["input_ids"])):
-            i = fill.index(min(fill)); bins[i].append(r); fill[i] += len(r["input_ids"])
+            i = fill.index(min(fill))
+            bins[i].append(r)
+            fill[i] += len(r["input_ids"])
         return bins
+
     def __call__(self, rows: list[dict]) -> dict:
         bins = self._bins(rows)
         w = max(sum(len(x["input_ids"]) for x in b) for b in bins)
@@ -68,34 +85,51 @@ class PackCollator:
             o = 0
             for r in b:
                 n = len(r["input_ids"])
-                ids[i, o:o + n], labels[i, o + 1:o + n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"][1:])
-                pos[i, o:o + n] = torch.arange(n); o += n
-            pos[i, o:] = torch.arange(w - o)   # the tail is one more (padding) sequence: nothing attends to it
-        return dict(input_ids=ids, labels=labels, position_ids=pos, use_cache=False,
-                    real_tokens=sum(len(r["input_ids"]) for r in rows))
+                ids[i, o : o + n], labels[i, o + 1 : o + n] = (
+                    torch.tensor(r["input_ids"]),
+                    torch.tensor(r["labels"][1:]),
+                )
+                pos[i, o : o + n] = torch.arange(n)
+                o += n
+            pos[i, o:] = torch.arange(w - o)  # the tail is one more (padding) sequence: nothing attends to it
+        return dict(
+            input_ids=ids,
+            labels=labels,
+            position_ids=pos,
+            use_cache=False,
+            real_tokens=sum(len(r["input_ids"]) for r in rows),
+        )
+
 
 def packing_works(model, tokenizer=None, atol: float = 1e-3) -> bool:
     "Whether `model` keeps packed texts apart: the logits of two packed texts equal those of each text alone."
     a, b = [3, 5, 7, 9, 11], [4, 6, 8]
     batch = PackCollator(0)([dict(input_ids=a, labels=a), dict(input_ids=b, labels=b)])
     batch.pop("real_tokens")
-    was = model.training; model.eval()
+    was = model.training
+    model.eval()
     try:
         with torch.no_grad():
             packed = model(**{k: v.to(model.device) if torch.is_tensor(v) else v for k, v in batch.items()}).logits[0]
             alone = [model(input_ids=torch.tensor([x], device=model.device), use_cache=False).logits[0] for x in (a, b)]
-    finally: model.train(was)
+    finally:
+        model.train(was)
     return bool(torch.allclose(packed, torch.cat(alone), atol=atol))
 
 # %% ../../nbs/04b_batches.ipynb #7c1d2e31
 class LengthChunkSampler(torch.utils.data.Sampler):
     "Indices in batches of similar length: shuffle, sort within chunks of `chunk` batches, shuffle the batches."
+
     def __init__(self, lengths: list[int], batch_size: int, chunk: int = 4, seed: int = 0):
-        if batch_size < 1 or chunk < 1: raise ValueError(f"batch_size and length_chunk must be >= 1; got {batch_size}, {chunk}.")
+        if batch_size < 1 or chunk < 1:
+            raise ValueError(f"batch_size and length_chunk must be >= 1; got {batch_size}, {chunk}.")
         self.lengths, self.batch_size, self.chunk, self.seed, self.epoch = list(lengths), batch_size, chunk, seed, 0
 
-    def set_epoch(self, epoch: int): self.epoch = epoch
-    def __len__(self) -> int: return len(self.lengths)
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
 
     def batches(self) -> list[list[int]]:
         "This epoch's batches, in order."
@@ -103,9 +137,10 @@ class LengthChunkSampler(torch.utils.data.Sampler):
         idx, size = torch.randperm(len(self.lengths), generator=g).tolist(), self.batch_size * self.chunk
         out = []
         for c in range(0, len(idx), size):
-            part = sorted(idx[c:c + size], key=self.lengths.__getitem__)
-            out += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            part = sorted(idx[c : c + size], key=self.lengths.__getitem__)
+            out += [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
         full = [out[i] for i in torch.randperm(len(out), generator=g).tolist() if len(out[i]) == self.batch_size]
         return full + [b for b in out if len(b) < self.batch_size]
 
-    def __iter__(self): return iter([i for b in self.batches() for i in b])
+    def __iter__(self):
+        return iter([i for b in self.batches() for i in b])

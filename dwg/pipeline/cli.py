@@ -4,12 +4,38 @@
 
 # %% ../../nbs/05d_cli.ipynb #619d2ece
 from __future__ import annotations
-import argparse, contextlib, json, os, signal, sys, time
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
 from pathlib import Path
-from .sweep import (SweepError, expand, graph_runs, load_sweep, make_graph, run_state, save_graph,
-                       sweep_name, sweep_profiles)
-from .runner import (NoSpace, RunBusy, SweepBusy, check_space, estimate_runs, format_status, interrupt_on_sigterm,
-                        remove_runs, run_from_graph, runs_to_redo, sweep_lock)
+from dwg.pipeline.sweep import (
+    SweepError,
+    expand,
+    graph_runs,
+    load_sweep,
+    make_graph,
+    run_state,
+    save_graph,
+    sweep_name,
+    sweep_profiles,
+)
+from dwg.pipeline.runner import (
+    NoSpace,
+    RunBusy,
+    SweepBusy,
+    check_space,
+    estimate_runs,
+    format_status,
+    interrupt_on_sigterm,
+    remove_runs,
+    run_from_graph,
+    runs_to_redo,
+    sweep_lock,
+)
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
@@ -19,18 +45,31 @@ __all__ = ['cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
 # %% ../../nbs/05d_cli.ipynb #32d31906
 def _at_least(low, kind=int):
     "An argparse type: a number of `kind` >= `low`, else an error naming the bound."
+
     def parse(text: str):
-        try: v = kind(text)
-        except ValueError: v = None
-        if v is None or not v >= low: raise argparse.ArgumentTypeError(f"must be a {kind.__name__} >= {low}, got {text!r}")
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not v >= low:
+            raise argparse.ArgumentTypeError(f"must be a {kind.__name__} >= {low}, got {text!r}")
         return v
+
     return parse
 
+
 _SLURM_OPTIONS = dict(
-    partition=(str, "the partition"), time=(str, "the time limit per run (HH:MM:SS)"),
-    mem=(str, "memory per run (e.g. 8G)"), cpus=(_at_least(1), "CPUs per run"), gpus=(_at_least(0), "GPUs per run (0: none)"),
-    setup=(str, "a shell line run before each run, e.g. activating an environment (the run then uses `python` from "
-                "PATH)"))
+    partition=(str, "the partition"),
+    time=(str, "the time limit per run (HH:MM:SS)"),
+    mem=(str, "memory per run (e.g. 8G)"),
+    cpus=(_at_least(1), "CPUs per run"),
+    gpus=(_at_least(0), "GPUs per run (0: none)"),
+    setup=(
+        str,
+        "a shell line run before each run, e.g. activating an environment (the run then uses `python` from PATH)",
+    ),
+)
+
 
 def _which_sweep(sp, default: str = " (default embedded)"):
     "--profile / --sweep, one of them."
@@ -38,36 +77,54 @@ def _which_sweep(sp, default: str = " (default embedded)"):
     g.add_argument("--profile", help=f"packaged sweep: {', '.join(sweep_profiles())}{default}")
     g.add_argument("--sweep", help="a sweep YAML file")
 
+
 def _run_parser(sub):
     "The options of `run`."
     r = sub.add_parser("run", help="run a sweep (locally, or --slurm)")
     _which_sweep(r)
     r.add_argument("--runs", help="runs directory (default runs/<sweep name>)")
     r.add_argument("--notebooks", help="experiment notebooks directory (default dwg/experiments or $DWG_NOTEBOOKS)")
-    r.add_argument("-j", "--jobs", type=_at_least(1), help="local: runs at once (default: the sweep file's `jobs`, else 1)")
+    r.add_argument(
+        "-j", "--jobs", type=_at_least(1), help="local: runs at once (default: the sweep file's `jobs`, else 1)"
+    )
     r.add_argument("--slurm", action="store_true", help="submit to Slurm: one job array per stage")
-    r.add_argument("--wait", action="store_true",
-                   help="another sweep running on the runs directory: wait for it to end (without --wait: exit 2); "
-                        "with --slurm also wait for the jobs, then print the status")
-    r.add_argument("--force", action="store_true",
-                   help="skip the free-space check (before the sweep starts and before each run)")
+    r.add_argument(
+        "--wait",
+        action="store_true",
+        help="another sweep running on the runs directory: wait for it to end (without --wait: exit 2); "
+        "with --slurm also wait for the jobs, then print the status",
+    )
+    r.add_argument(
+        "--force", action="store_true", help="skip the free-space check (before the sweep starts and before each run)"
+    )
     for k, (typ, what) in _SLURM_OPTIONS.items():
-        r.add_argument(f"--{k}", type=typ,
-                       help=f"with --slurm: {what}, for every stage (overrides the sweep file's slurm:)")
-    r.add_argument("--dry-run", action="store_true",
-                   help="expand and check; with --slurm write the sbatch scripts, submit nothing")
+        r.add_argument(
+            f"--{k}", type=typ, help=f"with --slurm: {what}, for every stage (overrides the sweep file's slurm:)"
+        )
+    r.add_argument(
+        "--dry-run", action="store_true", help="expand and check; with --slurm write the sbatch scripts, submit nothing"
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
-    r.add_argument("--log-every", type=_at_least(0.0, float), default=60, metavar="S",
-                   help="without a terminal (logs, CI), print the running runs' progress at most every S seconds "
-                        "(default 60)")
+    r.add_argument(
+        "--log-every",
+        type=_at_least(0.0, float),
+        default=60,
+        metavar="S",
+        help="without a terminal (logs, CI), print the running runs' progress at most every S seconds (default 60)",
+    )
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dwg.pipeline.cli",
-                                description="Run dwg sweeps: datasets -> models -> grafting -> figures.")
+    p = argparse.ArgumentParser(
+        prog="python -m dwg.pipeline.cli", description="Run dwg sweeps: datasets -> models -> grafting -> figures."
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
-    s = sub.add_parser("status", help="done / corrupt / running / failed / interrupted / cancelled / pending runs per "
-                                      "stage (without options: every sweep under runs/)")
+    s = sub.add_parser(
+        "status",
+        help="done / corrupt / running / failed / interrupted / cancelled / pending runs per "
+        "stage (without options: every sweep under runs/)",
+    )
     _which_sweep(s, default="")
     s.add_argument("--runs", help="runs directory (default: every directory under runs/ that holds a sweep.json)")
     s.add_argument("--json", action="store_true", help="print the status as JSON (one item per run)")
@@ -80,12 +137,14 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--index", type=int)
     return p
 
+
 def _runs_dir(args, name: str) -> Path:
     "The runs directory of a command: --runs, else runs/<sweep name>; a file there is an error."
     d = Path(args.runs or Path("runs") / name).resolve()
     if d.exists() and not d.is_dir():
         raise SweepError(f"--runs {d} is a file, not a directory: give a runs directory (it is made if missing).")
     return d
+
 
 def _which(args) -> str:
     return args.sweep or args.profile or "embedded"
@@ -94,12 +153,15 @@ def _which(args) -> str:
 def _check_space(args, graph: dict, todo: list) -> None:
     "Estimate what the runs `todo` write (into the graph: each run checks again); too little space: `NoSpace`."
     graph["space"], graph["check_space"] = estimate_runs(graph, todo), not args.force
-    at_once = len(todo) if args.slurm else (args.jobs or graph.get("jobs") or 1)   # Slurm may run them all at once
-    try: line = check_space(graph["runs_dir"], graph["space"], at_once)
+    at_once = len(todo) if args.slurm else (args.jobs or graph.get("jobs") or 1)  # Slurm may run them all at once
+    try:
+        line = check_space(graph["runs_dir"], graph["space"], at_once)
     except NoSpace as e:
-        if not args.force: raise
+        if not args.force:
+            raise
         line = f"{str(e).splitlines()[0]} (--force: going on)"
     print(f"dwg.pipeline.sweep: {line}")
+
 
 def _prepare(args, graph: dict) -> dict:
     "{key: state} of the graph's runs; their space checked; corrupt runs and their dependants removed."
@@ -110,15 +172,18 @@ def _prepare(args, graph: dict) -> dict:
     print(f"dwg.pipeline.sweep: {graph['sweep']} ({graph['source']}): {len(states)} runs, {done} already done -> {rd}")
     for r in redo:
         why = "" if states[r.key] == "corrupt" else ", but it read a corrupt run"
-        print(f"dwg.pipeline.sweep: {r.key} ({r.label}) is {states[r.key]}{why}: "
-              + ("it would be redone" if args.dry_run else "redoing it"))
+        print(
+            f"dwg.pipeline.sweep: {r.key} ({r.label}) is {states[r.key]}{why}: "
+            + ("it would be redone" if args.dry_run else "redoing it")
+        )
     redo_keys = {r.key for r in redo}
-    if (todo := [r for r in graph_runs(graph) if states[r.key] != "done" or r.key in redo_keys]):
+    if todo := [r for r in graph_runs(graph) if states[r.key] != "done" or r.key in redo_keys]:
         _check_space(args, graph, todo)
     if redo and not args.dry_run:
         remove_runs(rd, redo)
         states.update({r.key: "pending" for r in redo})
     return states
+
 
 def _run_slurm(args, graph: dict) -> int:
     "`run --slurm`: submit (or write the scripts), save the graph, optionally wait and print the status."
@@ -128,41 +193,61 @@ def _run_slurm(args, graph: dict) -> int:
     for st, s in rec["stages"].items():
         after = f" after {','.join(s['depends_on'])}" if s["depends_on"] else ""
         print(f"  {st:18s} job {s['job_id']} ({len(s['runs'])} runs){after}")
-    if not rec["stages"]: print("dwg.pipeline.sweep: nothing to submit: every run is done.")
-    if not args.wait or args.dry_run: return 0
-    try: st = wait_slurm(rec, rd, progress=not args.no_progress, log_every=args.log_every)
+    if not rec["stages"]:
+        print("dwg.pipeline.sweep: nothing to submit: every run is done.")
+    if not args.wait or args.dry_run:
+        return 0
+    try:
+        st = wait_slurm(rec, rd, progress=not args.no_progress, log_every=args.log_every)
     except KeyboardInterrupt:
-        print(f"dwg.pipeline.sweep: stopped waiting; the jobs go on. `python -m dwg.pipeline.cli status --runs {rd}` shows them.",
-              file=sys.stderr)
+        print(
+            f"dwg.pipeline.sweep: stopped waiting; the jobs go on. `python -m dwg.pipeline.cli status --runs {rd}` shows them.",
+            file=sys.stderr,
+        )
         return 130
     print(format_status(st))
     return 0 if all(i["state"] == "done" for items in st.values() for i in items) else 1
 
+
 def _run_local(args, graph: dict) -> int:
     "`run` on this machine: the runs in child processes, then a summary per stage (and the status if any failed)."
     path, t0 = save_graph(graph), time.time()
-    signal.signal(signal.SIGTERM, interrupt_on_sigterm)   # `kill`: stop the children cleanly, like Ctrl-C
-    try: res = run_local(graph, args.jobs or graph.get("jobs") or 1, progress=not args.no_progress, graph_path=path,
-                         log_every=args.log_every)
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)  # `kill`: stop the children cleanly, like Ctrl-C
+    try:
+        res = run_local(
+            graph,
+            args.jobs or graph.get("jobs") or 1,
+            progress=not args.no_progress,
+            graph_path=path,
+            log_every=args.log_every,
+        )
     except KeyboardInterrupt:
-        print("dwg.pipeline.sweep: interrupted. Finished runs are kept; rerun the same command to continue.", file=sys.stderr)
+        print(
+            "dwg.pipeline.sweep: interrupted. Finished runs are kept; rerun the same command to continue.",
+            file=sys.stderr,
+        )
         return 130
     print(stage_summary(graph, res))
     print(f"total {fmt_seconds(time.time() - t0)}")
     failed = [k for k, v in res.items() if v["state"] not in ("done", "skipped")]
-    if failed: print(format_status(slurm_status(graph["runs_dir"], graph)))
+    if failed:
+        print(format_status(slurm_status(graph["runs_dir"], graph)))
     return 1 if failed else 0
+
 
 def cmd_run(args) -> int:
     "`run`: validate everything, hold the runs directory (one sweep at a time), check its space, run or submit."
-    if args.slurm and not args.dry_run: require_sbatch()          # before anything is written or run
-    if not args.slurm and not args.dry_run: start_forkserver()    # it imports papermill while the sweep is checked
+    if args.slurm and not args.dry_run:
+        require_sbatch()  # before anything is written or run
+    if not args.slurm and not args.dry_run:
+        start_forkserver()  # it imports papermill while the sweep is checked
     sweep = load_sweep(_which(args))
     graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
     with contextlib.nullcontext() if args.dry_run else sweep_lock(graph["runs_dir"], wait=args.wait):
         states = _prepare(args, graph)
         if args.dry_run and not args.slurm:
-            for r in graph_runs(graph): print(f"  {r.key:32s} {states[r.key]:12s} {r.label}")
+            for r in graph_runs(graph):
+                print(f"  {r.key:32s} {states[r.key]:12s} {r.label}")
             return 0
         return _run_slurm(args, graph) if args.slurm else _run_local(args, graph)
 
@@ -176,33 +261,48 @@ def sweeps_under(root) -> list[Path]:
             subdirs.clear()
     return sorted(found)
 
+
 def cmd_status(args) -> int:
     "`status`: of one runs directory (--runs, --profile, --sweep), else of every sweep under runs/."
     named = args.sweep or args.profile
-    if (one := bool(args.runs or named)): dirs = [_runs_dir(args, sweep_name(named) if named else "")]
+    if one := bool(args.runs or named):
+        dirs = [_runs_dir(args, sweep_name(named) if named else "")]
     elif not (dirs := sweeps_under("runs")):
-        raise SweepError(f"No sweep under {Path('runs').resolve()} (no directory with a sweep.json): run one "
-                         "(./run_all.sh [--profile NAME]), or give --runs DIR.")
+        raise SweepError(
+            f"No sweep under {Path('runs').resolve()} (no directory with a sweep.json): run one "
+            "(./run_all.sh [--profile NAME]), or give --runs DIR."
+        )
     sts = {str(d): slurm_status(d) for d in dirs}
-    if args.json: print(json.dumps(sts[str(dirs[0])] if one else sts, indent=1))
-    else: print("\n\n".join(f"{d}\n{format_status(st)}" for d, st in sts.items()))
+    if args.json:
+        print(json.dumps(sts[str(dirs[0])] if one else sts, indent=1))
+    else:
+        print("\n\n".join(f"{d}\n{format_status(st)}" for d, st in sts.items()))
     return 0
+
 
 def cmd_show(args) -> int:
     "`show`: the expanded graph, one run per line."
-    for r in expand(_which(args)): print(f"{r.key:32s} {r.label:40s} {json.dumps(r.params)[:120]}")
+    for r in expand(_which(args)):
+        print(f"{r.key:32s} {r.label:40s} {json.dumps(r.params)[:120]}")
     return 0
+
 
 def main(argv=None) -> int:
     "Entry point of `python -m dwg.pipeline.cli`."
     args = _parser().parse_args(argv)
-    commands = {"run": cmd_run, "status": cmd_status, "show": cmd_show,
-                "run-one": lambda a: run_from_graph(a.graph, a.run, a.stage, a.index)}
-    try: return commands[args.cmd](args)
+    commands = {
+        "run": cmd_run,
+        "status": cmd_status,
+        "show": cmd_show,
+        "run-one": lambda a: run_from_graph(a.graph, a.run, a.stage, a.index),
+    }
+    try:
+        return commands[args.cmd](args)
     except (SweepError, RunBusy, SlurmError, SweepBusy, NoSpace) as e:
         print(f"dwg.pipeline.sweep: error: {e}", file=sys.stderr)
         return 2
 
 # %% ../../nbs/05d_cli.ipynb #b001efae
 #| eval: false
-if __name__ == "__main__": sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

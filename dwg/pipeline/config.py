@@ -4,7 +4,13 @@
 
 # %% ../../nbs/04a_config.ipynb #651d8fa2
 from __future__ import annotations
-import dataclasses, difflib, hashlib, importlib.resources, math, os, typing
+import dataclasses
+import difflib
+import hashlib
+import importlib.resources
+import math
+import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
@@ -20,16 +26,18 @@ __all__ = ['PRECISIONS', 'LORA_KEYS', 'TrainConfig', 'config_keys', 'make_config
 # %% ../../nbs/04a_config.ipynb #8ece166f
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
+
 @dataclass
 class TrainConfig:
     "A training profile: every setting of a fine-tuning run (YAML keys are these field names)."
+
     description: str = ""
     learning_rate: float = 3e-4
-    epochs: float = 6.0               # passes over the training texts
-    max_steps: int = -1               # > 0: stop after this many optimizer steps (smoke runs, tests)
-    min_steps: int = 0                # > 0: a small dataset trains for more epochs, so that training makes at least
-                                      # this many optimizer steps (a few texts x 3 epochs is fewer steps than warm-up)
-    batch_size: int = 16              # per device
+    epochs: float = 6.0  # passes over the training texts
+    max_steps: int = -1  # > 0: stop after this many optimizer steps (smoke runs, tests)
+    min_steps: int = 0  # > 0: a small dataset trains for more epochs, so that training makes at least
+    # this many optimizer steps (a few texts x 3 epochs is fewer steps than warm-up)
+    batch_size: int = 16  # per device
     grad_accum: int = 1
     eval_batch_size: int = 32
     weight_decay: float = 0.0
@@ -37,41 +45,48 @@ class TrainConfig:
     lr_scheduler: str = "linear"
     max_grad_norm: float = 1.0
     optim: str = "adamw_torch"
-    precision: str = "auto"           # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
-    max_length: int = 128             # longer training texts are truncated (with a warning)
-    group_by_length: bool = False     # batch texts of similar length (see `LengthChunkSampler`): less padding
-    length_chunk: int = 4             # with group_by_length: sort by length within chunks of this many batches
-    pack: bool = False                # pack each batch into rows of up to pack_width tokens, every text attending
-                                      # only to itself (same loss and gradients as padding, less computed)
-    pack_width: int = 128             # with pack: the longest packed row (at least the longest text)
-    answer_only_loss: bool = False    # Q/A lines: loss on the answer tokens only (articles: all tokens)
-    supplemental: int = 0             # general-text passages added to the training texts against forgetting (0: off),
-                                      # drawn with the run's seed; plain text, loss on every token
-    supplemental_file: str = ""       # with supplemental: the passages to draw from, one a line (a relative path is
-                                      # relative to the profile file naming it); empty: dwg/assets/general_text.txt
-    freeze_embeddings: bool = False   # input token embeddings
-    freeze_unembeddings: bool = False # output head (tied models: set both or neither)
-    eval_loss: bool = True            # validation loss each epoch (validation.jsonl)
-    best_by_eval_loss: bool = False   # keep the checkpoint with the lowest validation loss as the final model
-    save_total_limit: int = 1         # checkpoints kept while training
-    checkpoint_steps: int = 24        # a checkpoint (to resume from) and the recall log at each epoch's end, or at every
-                                      # few epochs' end when an epoch is shorter than this many steps (a small dataset)
-    keep_checkpoints: bool = False    # keep them in out_dir/checkpoints after the run
-    recall_facts: int = 64            # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
-    recall_each_epoch: bool = True    # recall logged before training and at each checkpoint's epoch; false: at the end only
+    precision: str = "auto"  # auto: bf16 on CPUs/GPUs that have it, else fp16 on GPU, fp32 on CPU
+    max_length: int = 128  # longer training texts are truncated (with a warning)
+    group_by_length: bool = False  # batch texts of similar length (see `LengthChunkSampler`): less padding
+    length_chunk: int = 4  # with group_by_length: sort by length within chunks of this many batches
+    pack: bool = False  # pack each batch into rows of up to pack_width tokens, every text attending
+    # only to itself (same loss and gradients as padding, less computed)
+    pack_width: int = 128  # with pack: the longest packed row (at least the longest text)
+    answer_only_loss: bool = False  # Q/A lines: loss on the answer tokens only (articles: all tokens)
+    supplemental: int = 0  # general-text passages added to the training texts against forgetting (0: off),
+    # drawn with the run's seed; plain text, loss on every token
+    supplemental_file: str = ""  # with supplemental: the passages to draw from, one a line (a relative path is
+    # relative to the profile file naming it); empty: dwg/assets/general_text.txt
+    freeze_embeddings: bool = False  # input token embeddings
+    freeze_unembeddings: bool = False  # output head (tied models: set both or neither)
+    eval_loss: bool = True  # validation loss each epoch (validation.jsonl)
+    best_by_eval_loss: bool = False  # keep the checkpoint with the lowest validation loss as the final model
+    save_total_limit: int = 1  # checkpoints kept while training
+    checkpoint_steps: int = 24  # a checkpoint (to resume from) and the recall log at each epoch's end, or at every
+    # few epochs' end when an epoch is shorter than this many steps (a small dataset)
+    keep_checkpoints: bool = False  # keep them in out_dir/checkpoints after the run
+    recall_facts: int = 64  # trained facts whose eval prompts are scored each epoch (0: off, -1: all)
+    recall_each_epoch: bool = (
+        True  # recall logged before training and at each checkpoint's epoch; false: at the end only
+    )
     logging_steps: int = 10
     gradient_checkpointing: bool = False
-    reuse_freed_memory: bool = True   # keep memory freed between steps for the next one (dwg.runs.reusing_freed_memory):
-                                      # the same training, without new pages for every step's large buffers
-    report_to: str = "none"           # e.g. tensorboard, wandb
+    reuse_freed_memory: bool = True  # keep memory freed between steps for the next one (dwg.runs.reusing_freed_memory):
+    # the same training, without new pages for every step's large buffers
+    report_to: str = "none"  # e.g. tensorboard, wandb
     trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name
-    lora: dict = field(default_factory=dict)     # LoRA fine-tune (peft) instead of a full one: r, alpha, dropout,
-                                                 # target_modules (see LORA_KEYS); empty: full fine-tune
+    lora: dict = field(default_factory=dict)  # LoRA fine-tune (peft) instead of a full one: r, alpha, dropout,
+    # target_modules (see LORA_KEYS); empty: full fine-tune
 
-LORA_KEYS = dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear")   # defaults of a profile's `lora:`
-_CHOICES = dict(precision=PRECISIONS, lr_scheduler=tuple(s.value for s in SchedulerType),
-                optim=tuple(o.value for o in OptimizerNames))
+
+LORA_KEYS = dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear")  # defaults of a profile's `lora:`
+_CHOICES = dict(
+    precision=PRECISIONS,
+    lr_scheduler=tuple(s.value for s in SchedulerType),
+    optim=tuple(o.value for o in OptimizerNames),
+)
 _RESERVED_TRAINER_KEYS = ("output_dir", "seed", "data_seed")
+
 
 def config_keys() -> list[str]:
     "The valid keys of a training profile."
@@ -82,30 +97,39 @@ def _coerce(key: str, typ: str, value, source: str):
     "`value` as type `typ`, or a ValueError naming `key`."
     bad = lambda: ValueError(f"Training setting '{key}' in {source} must be {typ}, got {value!r}.")
     if typ == "bool":
-        if isinstance(value, bool): return value
+        if isinstance(value, bool):
+            return value
         raise bad()
-    if isinstance(value, bool): raise bad()
+    if isinstance(value, bool):
+        raise bad()
     if typ in ("int", "float"):
         if isinstance(value, str):
-            try: value = float(value)
-            except ValueError: raise bad() from None
-        if not isinstance(value, (int, float)): raise bad()
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad() from None
+        if not isinstance(value, (int, float)):
+            raise bad()
         if not math.isfinite(value):
             raise ValueError(f"Training setting '{key}' in {source} must be a finite number, got {value!r}.")
         if typ == "int":
-            if float(value) != int(value): raise bad()
+            if float(value) != int(value):
+                raise bad()
             return int(value)
         return float(value)
     if typ == "str":
-        if not isinstance(value, str): raise bad()
+        if not isinstance(value, str):
+            raise bad()
         if key in _CHOICES and value not in _CHOICES[key]:
             choices = ", ".join(_CHOICES[key])
             raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {choices}.")
         return value
     if typ == "dict":
-        if not isinstance(value, dict): raise bad()
+        if not isinstance(value, dict):
+            raise bad()
         return value
     raise TypeError(f"no rule for type {typ}")
+
 
 def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str) -> ValueError:
     "An error naming the unknown keys, close matches, and every valid key."
@@ -113,48 +137,72 @@ def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str)
     hints = [f"'{k}' (did you mean '{close[k][0]}'?)" if close[k] else f"'{k}'" for k in bad]
     return ValueError(f"Unknown {what} {', '.join(hints)} in {source}. Valid keys: {', '.join(valid)}.")
 
+
 def _check_trainer_args(extra: dict, source: str) -> dict:
     "Check the `trainer:` passthrough against `TrainingArguments`."
     fields = dataclasses.fields(TrainingArguments)
     valid = sorted(f.name for f in fields if f.init and f.name not in _RESERVED_TRAINER_KEYS)
     reserved = [k for k in extra if k in _RESERVED_TRAINER_KEYS]
     if reserved:
-        raise ValueError(f"'trainer: {reserved[0]}' in {source} is set by dwg.pipeline.train itself (use train()'s arguments).")
+        raise ValueError(
+            f"'trainer: {reserved[0]}' in {source} is set by dwg.pipeline.train itself (use train()'s arguments)."
+        )
     bad = [k for k in extra if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
+    if bad:
+        raise _unknown_key_error(bad, valid, source, "TrainingArguments key(s) under 'trainer:'")
     return extra
+
 
 def _check_lora(lora: dict, source: str) -> dict:
     "A profile's `lora:` settings with defaults filled in (empty stays empty: a full fine-tune); errors name the key."
-    if not lora: return {}
-    if (bad := [k for k in lora if k not in LORA_KEYS]): raise _unknown_key_error(bad, list(LORA_KEYS), source, "lora setting(s)")
+    if not lora:
+        return {}
+    if bad := [k for k in lora if k not in LORA_KEYS]:
+        raise _unknown_key_error(bad, list(LORA_KEYS), source, "lora setting(s)")
     out = {**LORA_KEYS, **lora}
-    r, alpha, dropout = (_coerce(f"lora.{k}", t, out[k], source) for k, t in (("r", "int"), ("alpha", "float"), ("dropout", "float")))
+    r, alpha, dropout = (
+        _coerce(f"lora.{k}", t, out[k], source) for k, t in (("r", "int"), ("alpha", "float"), ("dropout", "float"))
+    )
     if r < 1 or alpha <= 0 or not 0 <= dropout < 1:
-        raise ValueError(f"lora in {source}: r must be >= 1, alpha > 0 and 0 <= dropout < 1; got r={r}, alpha={alpha}, "
-                         f"dropout={dropout}.")
+        raise ValueError(
+            f"lora in {source}: r must be >= 1, alpha > 0 and 0 <= dropout < 1; got r={r}, alpha={alpha}, "
+            f"dropout={dropout}."
+        )
     mods = out["target_modules"]
     if not (mods == "all-linear" or isinstance(mods, list) and mods and all(isinstance(m, str) for m in mods)):
-        raise ValueError(f"lora.target_modules in {source} must be 'all-linear' or a list of module names "
-                         f"(e.g. [q_proj, v_proj]), got {mods!r}.")
+        raise ValueError(
+            f"lora.target_modules in {source} must be 'all-linear' or a list of module names "
+            f"(e.g. [q_proj, v_proj]), got {mods!r}."
+        )
     return dict(r=r, alpha=alpha, dropout=dropout, target_modules=mods)
+
 
 def _check_supplemental(cfg: TrainConfig, source: str) -> None:
     "Errors naming the key: a negative `supplemental`, a `supplemental_file` without it, more passages than the file has."
     n, f = cfg.supplemental, cfg.supplemental_file
     if n < 0:
-        raise ValueError(f"Training setting 'supplemental' in {source} must be >= 0 (the general-text passages added to "
-                         f"the training texts; 0: off), got {n}.")
+        raise ValueError(
+            f"Training setting 'supplemental' in {source} must be >= 0 (the general-text passages added to "
+            f"the training texts; 0: off), got {n}."
+        )
     if f and not n:
-        raise ValueError(f"Training setting 'supplemental_file' in {source} is {f!r} but supplemental is 0, so nothing "
-                         "would be drawn from it: set supplemental: N (the passages to add), or drop supplemental_file.")
-    if not n: return
-    try: have = len(general_texts(f))
-    except ValueError as e: raise ValueError(f"{source}: {e}") from None
+        raise ValueError(
+            f"Training setting 'supplemental_file' in {source} is {f!r} but supplemental is 0, so nothing "
+            "would be drawn from it: set supplemental: N (the passages to add), or drop supplemental_file."
+        )
+    if not n:
+        return
+    try:
+        have = len(general_texts(f))
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
     if n > have:
-        raise ValueError(f"Training setting 'supplemental' in {source} is {n}, but {general_text_file(f)} has {have} "
-                         f"passages and they are drawn without replacement: set supplemental to at most {have}, or "
-                         "give a supplemental_file with more passages (one a line).")
+        raise ValueError(
+            f"Training setting 'supplemental' in {source} is {n}, but {general_text_file(f)} has {have} "
+            f"passages and they are drawn without replacement: set supplemental to at most {have}, or "
+            "give a supplemental_file with more passages (one a line)."
+        )
+
 
 def make_config(data: dict, source: str = "the config") -> TrainConfig:
     "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError that names them."
@@ -162,25 +210,46 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
         raise ValueError(f"A training profile must be a mapping of settings; {source} holds a {type(data).__name__}.")
     valid = config_keys()
     bad = [k for k in data if k not in valid]
-    if bad: raise _unknown_key_error(bad, valid, source, "training setting(s)")
+    if bad:
+        raise _unknown_key_error(bad, valid, source, "training setting(s)")
     hints = typing.get_type_hints(TrainConfig)
     vals = {k: _coerce(k, hints[k].__name__, v, source) for k, v in data.items()}
-    if "trainer" in vals: _check_trainer_args(vals["trainer"], source)
-    if "lora" in vals: vals["lora"] = _check_lora(vals["lora"], source)
+    if "trainer" in vals:
+        _check_trainer_args(vals["trainer"], source)
+    if "lora" in vals:
+        vals["lora"] = _check_lora(vals["lora"], source)
     cfg = TrainConfig(**vals)
-    positive = ("learning_rate", "batch_size", "grad_accum", "eval_batch_size", "max_length", "logging_steps",
-                "save_total_limit", "pack_width", "checkpoint_steps")
+    positive = (
+        "learning_rate",
+        "batch_size",
+        "grad_accum",
+        "eval_batch_size",
+        "max_length",
+        "logging_steps",
+        "save_total_limit",
+        "pack_width",
+        "checkpoint_steps",
+    )
     for k in positive:
         if getattr(cfg, k) <= 0:
             raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
-    for k, low in (("weight_decay", 0), ("max_grad_norm", 0), ("min_steps", 0), ("warmup_steps", 0), ("length_chunk", 1),
-                   ("recall_facts", -1)):
+    for k, low in (
+        ("weight_decay", 0),
+        ("max_grad_norm", 0),
+        ("min_steps", 0),
+        ("warmup_steps", 0),
+        ("length_chunk", 1),
+        ("recall_facts", -1),
+    ):
         if getattr(cfg, k) < low:
             raise ValueError(f"Training setting '{k}' in {source} must be >= {low}, got {getattr(cfg, k)}.")
-    if cfg.epochs <= 0 and cfg.max_steps <= 0: raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
+    if cfg.epochs <= 0 and cfg.max_steps <= 0:
+        raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
     if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
-        raise ValueError(f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "
-                         "base weight stays frozen anyway; drop the freeze setting(s) or the lora section.")
+        raise ValueError(
+            f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "
+            "base weight stays frozen anyway; drop the freeze setting(s) or the lora section."
+        )
     _check_supplemental(cfg, source)
     return cfg
 
@@ -189,63 +258,94 @@ def configs_dir() -> Path:
     "Where the packaged training profiles live."
     return Path(str(importlib.resources.files("dwg") / "configs"))
 
+
 def training_profiles() -> list[str]:
     "Names of the packaged training profiles (`dwg/configs/*.yaml`)."
     return sorted(p.stem for p in configs_dir().glob("*.yaml"))
 
+
 def profile_path(config: str | os.PathLike) -> Path | None:
     "The YAML file behind a packaged profile name or a file path (None if there is none)."
     name = str(config)
-    if name in training_profiles(): return configs_dir() / f"{name}.yaml"
+    if name in training_profiles():
+        return configs_dir() / f"{name}.yaml"
     return Path(name) if Path(name).is_file() else None
+
 
 def _beside(path: Path, data):
     "A profile file's settings with a relative `supplemental_file` made relative to the file's directory."
     f = data.get("supplemental_file") if isinstance(data, dict) else None
-    if not isinstance(f, str) or not f or Path(f).expanduser().is_absolute(): return data
+    if not isinstance(f, str) or not f or Path(f).expanduser().is_absolute():
+        return data
     return {**data, "supplemental_file": str((path.parent / f).resolve())}
+
 
 def load_profile(config: str | os.PathLike | dict | TrainConfig) -> TrainConfig:
     "A `TrainConfig` from a packaged profile name, a YAML file path, a dict, or a `TrainConfig`."
-    if isinstance(config, TrainConfig): return config
-    if isinstance(config, dict): return make_config(config, "the config dict")
+    if isinstance(config, TrainConfig):
+        return config
+    if isinstance(config, dict):
+        return make_config(config, "the config dict")
     path = profile_path(config)
     if path is None:
-        raise ValueError(f"Unknown training profile '{config}': not a packaged profile "
-                         f"({', '.join(training_profiles())}) and not an existing YAML file.")
-    try: data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e: raise ValueError(f"Training profile {path} does not parse as YAML: {e}") from None
+        raise ValueError(
+            f"Unknown training profile '{config}': not a packaged profile "
+            f"({', '.join(training_profiles())}) and not an existing YAML file."
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"Training profile {path} does not parse as YAML: {e}") from None
     return make_config(_beside(path, {} if data is None else data), str(path))
+
 
 def resolve_config(config="embedded", overrides: dict | None = None) -> TrainConfig:
     "The profile `config` with `overrides` (a dict of the same keys) on top; `trainer:` dicts are merged."
     base = load_profile(config)
     over = dict(overrides or {})
-    if not isinstance(over, dict): raise ValueError(f"overrides must be a dict, got {type(over).__name__}.")
+    if not isinstance(over, dict):
+        raise ValueError(f"overrides must be a dict, got {type(over).__name__}.")
     merged = {**dataclasses.asdict(base), **over}
-    if isinstance(over.get("trainer"), dict): merged["trainer"] = {**base.trainer, **over["trainer"]}
+    if isinstance(over.get("trainer"), dict):
+        merged["trainer"] = {**base.trainer, **over["trainer"]}
     return make_config(merged, "the overrides" if over else "the profile")
 
 # %% ../../nbs/04a_config.ipynb #e5a1c002
 def general_text_file(path: str | os.PathLike | None = None) -> Path:
     "The general-text file `path` (`~` expanded), or the packaged corpus `dwg/assets/general_text.txt` when empty."
-    return Path(path).expanduser() if path else Path(str(importlib.resources.files("dwg") / "assets" / "general_text.txt"))
+    return (
+        Path(path).expanduser() if path else Path(str(importlib.resources.files("dwg") / "assets" / "general_text.txt"))
+    )
+
 
 def general_texts(path: str | os.PathLike | None = None) -> list[str]:
     "The passages of a general-text file (default: the packaged corpus): one a line, blank and `#` lines skipped."
-    p, fix = general_text_file(path), ("Fix: point supplemental_file at a UTF-8 text file with one passage per line, or "
-                                       "leave it empty for the packaged corpus.")
-    if not p.is_file(): raise ValueError(f"supplemental_file '{p}' does not exist or is not a file. {fix}")
-    try: lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError: raise ValueError(f"supplemental_file '{p}' is not UTF-8 text. {fix}") from None
+    p, fix = (
+        general_text_file(path),
+        (
+            "Fix: point supplemental_file at a UTF-8 text file with one passage per line, or "
+            "leave it empty for the packaged corpus."
+        ),
+    )
+    if not p.is_file():
+        raise ValueError(f"supplemental_file '{p}' does not exist or is not a file. {fix}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"supplemental_file '{p}' is not UTF-8 text. {fix}") from None
     texts = [l.strip() for l in lines if l.strip() and not l.lstrip().startswith("#")]
-    if not texts: raise ValueError(f"supplemental_file '{p}' holds no passage (only blank or # lines). {fix}")
+    if not texts:
+        raise ValueError(f"supplemental_file '{p}' holds no passage (only blank or # lines). {fix}")
     return texts
+
 
 def supplemental_digest(config="embedded", overrides: dict | None = None) -> str | None:
     "The sha256 of the general text a resolved profile mixes into training (in sweep run ids); None when it adds none."
     cfg = resolve_config(config, overrides)
-    return hashlib.sha256(general_text_file(cfg.supplemental_file).read_bytes()).hexdigest() if cfg.supplemental else None
+    return (
+        hashlib.sha256(general_text_file(cfg.supplemental_file).read_bytes()).hexdigest() if cfg.supplemental else None
+    )
+
 
 def profile_content(config, overrides: dict | None = None) -> dict | None:
     "A profile file's settings (not its description) and the hash of any general text it mixes in: what a sweep run id hashes."

@@ -4,12 +4,27 @@
 
 # %% ../../nbs/05b_local.ipynb #28ffc9b7
 from __future__ import annotations
-import ctypes, multiprocessing, os, signal, subprocess, sys, threading, time, traceback
+import ctypes
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
 from pathlib import Path
 from tqdm import tqdm
 from .sweep import STAGE_ORDER, graph_runs, is_done, run_paths, run_state, save_graph
-from .runner import (ProgressNote, interrupt_on_sigterm, process_alive, process_start, run_failure,
-                        run_from_graph, running_text)
+from dwg.pipeline.runner import (
+    ProgressNote,
+    interrupt_on_sigterm,
+    process_alive,
+    process_start,
+    run_failure,
+    run_from_graph,
+    running_text,
+)
 
 # %% auto #0
 __all__ = ['start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
@@ -17,23 +32,32 @@ __all__ = ['start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
 # %% ../../nbs/05b_local.ipynb #27a5cd3e
 def _die_with_parent():
     "In a child process: get SIGTERM when the parent dies (Linux)."
-    try: ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except Exception: pass   # not Linux: the child is stopped by `_Child.terminate` only
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # not Linux: the child is stopped by `_Child.terminate` only
+
 
 def _child_env(jobs: int = 1) -> dict:
     "The environment of a run's process: not a test, offline hub, no tokenizer threads, its share of the CPU cores."
     env = {k: v for k, v in os.environ.items() if k != "IN_TEST"}
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if jobs > 1: env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))   # no oversubscription
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # no oversubscription
     return env
+
 
 def _watch_sweep(pid: int, start, every: float = 0.5):
     "A daemon thread that SIGTERMs this process when the sweep process `pid` is gone (however it died)."
+
     def watch():
-        while process_alive(pid, start): time.sleep(every)
+        while process_alive(pid, start):
+            time.sleep(every)
         os.kill(os.getpid(), signal.SIGTERM)
+
     threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
+
 
 def _redirect_output(log: str):
     "Send this process's stdout and stderr (file descriptors and Python streams) to the end of `log`."
@@ -43,6 +67,7 @@ def _redirect_output(log: str):
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+
 
 def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_pid: int, sweep_start):
     "A child process of the local backend: output to the log, die with the sweep, execute the run, exit."
@@ -56,69 +81,96 @@ def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_p
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, interrupt_on_sigterm)
         code = run_from_graph(graph_path, key)
-    except KeyboardInterrupt: code = 130
-    except BaseException: traceback.print_exc()
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        traceback.print_exc()
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        finally: os._exit(code)
+        finally:
+            os._exit(code)
+
 
 _FORKSERVER = None
+
 
 def _forkserver():
     "A multiprocessing context whose fork server has papermill imported (clean children, no per-run import cost)."
     global _FORKSERVER
     if _FORKSERVER is None:
-        if "forkserver" not in multiprocessing.get_all_start_methods(): return None
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            return None
         _FORKSERVER = multiprocessing.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(["papermill"])
     return _FORKSERVER
+
 
 def start_forkserver() -> None:
     "Start the fork server now, so that it imports papermill while the sweep is being checked (where there is one)."
     if _forkserver() is not None:
         from multiprocessing import forkserver
+
         forkserver.ensure_running()
 
 # %% ../../nbs/05b_local.ipynb #b3cbfc1e
 class _Child:
     "One run executing in a child process: forked from a fork server where available, else `python -m dwg.pipeline.cli run-one`."
+
     def __init__(self, graph_path, key: str, log: Path, jobs: int = 1):
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f: f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {key}\n")
+        with open(log, "a") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {key}\n")
         self.proc = self.mp = None
         if (ctx := _forkserver()) is not None:
-            from dwg.pipeline import local   # the exported module: a picklable target, also when this runs in the notebook
-            args = (str(graph_path), key, str(log), _child_env(jobs), os.getcwd(), os.getpid(), process_start(os.getpid()))
+            from dwg.pipeline import (
+                local,
+            )  # the exported module: a picklable target, also when this runs in the notebook
+
+            args = (
+                str(graph_path),
+                key,
+                str(log),
+                _child_env(jobs),
+                os.getcwd(),
+                os.getpid(),
+                process_start(os.getpid()),
+            )
             self.mp = ctx.Process(target=local._run_child, args=args)
             self.mp.start()
         else:
             cmd = [sys.executable, "-m", "dwg.pipeline.cli", "run-one", "--graph", str(graph_path), "--run", key]
             with open(log, "a") as f:
-                self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_child_env(jobs),
-                                             preexec_fn=_die_with_parent)
+                self.proc = subprocess.Popen(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, env=_child_env(jobs), preexec_fn=_die_with_parent
+                )
 
     def poll(self):
         "The exit code (negative: killed by that signal), or None while running."
         return self.proc.poll() if self.proc is not None else self.mp.exitcode
 
     def terminate(self):
-        if self.poll() is None: (self.proc or self.mp).terminate()
+        if self.poll() is None:
+            (self.proc or self.mp).terminate()
 
     def wait(self, timeout: float) -> None:
         "Wait up to `timeout` s, then SIGKILL."
         t0 = time.time()
-        while self.poll() is None and time.time() - t0 < timeout: time.sleep(0.1)
+        while self.poll() is None and time.time() - t0 < timeout:
+            time.sleep(0.1)
         if self.poll() is None:
             (self.proc or self.mp).kill()
-            if self.proc is not None: self.proc.wait()
-            else: self.mp.join()
+            if self.proc is not None:
+                self.proc.wait()
+            else:
+                self.mp.join()
 
 # %% ../../nbs/05b_local.ipynb #f5658cb0
 def fmt_seconds(s: float) -> str:
     "A duration as `42s` or `3.5min`."
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}min"
+
 
 def stage_summary(graph: dict, results: dict) -> str:
     "A table per stage: runs, done now, skipped (already done), failed, blocked, summed and wall-clock time."
@@ -126,8 +178,12 @@ def stage_summary(graph: dict, results: dict) -> str:
     lines = [f"{'stage':18s} " + " ".join(f"{c:>8s}" for c in cols)]
     for st in STAGE_ORDER:
         res = [results.get(r.key, {}) for r in graph_runs(graph) if r.stage == st]
-        if not res: continue
-        def n(*states): return sum(x.get("state") in states for x in res)
+        if not res:
+            continue
+
+        def n(*states):
+            return sum(x.get("state") in states for x in res)
+
         ran = [x for x in res if x.get("state") == "done"]
         t = sum(x["end"] - x["start"] for x in ran)
         span = (max(x["end"] for x in ran) - min(x["start"] for x in ran)) if ran else 0
@@ -136,20 +192,29 @@ def stage_summary(graph: dict, results: dict) -> str:
         lines.append(f"{st:18s} " + " ".join(f"{c:8d}" for c in counts) + times)
     return "\n".join(lines)
 
+
 def _child_state(runs_dir, r, proc: _Child) -> str:
     "How a run whose child process ended finished: done, busy (another process has it), interrupted or failed."
     state = run_state(runs_dir, r, verify=False)
-    if state == "running": return "busy"   # another process (sweep) holds this run's lock
-    if state == "done": return "done"
+    if state == "running":
+        return "busy"  # another process (sweep) holds this run's lock
+    if state == "done":
+        return "done"
     return "interrupted" if proc.poll() in (-15, -2, 130, 143) else "failed"
+
 
 def _report(runs_dir, r, state: str):
     "A line about a run that did not finish: why, and where its notebook and log are."
     if state == "busy":
-        tqdm.write(f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) is being executed by another process; not waiting for it")
+        tqdm.write(
+            f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) is being executed by another process; not waiting for it"
+        )
     elif state != "done":
         p, why = run_paths(runs_dir, r), run_failure(runs_dir, r) or "no reason recorded"
-        tqdm.write(f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p['notebook']} and {p['log']}")
+        tqdm.write(
+            f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p['notebook']} and {p['log']}"
+        )
+
 
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:
     "Execute a graph's runs locally, `jobs` at once (progress lines every `log_every` s in logs); {key: {state, ...}}."
@@ -158,12 +223,18 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
     results = {r.key: dict(state="skipped") for r in graph_runs(graph) if is_done(runs_dir, r)}
     todo = [r for r in graph_runs(graph) if r.key not in results]
     running, bad = {}, set()
-    bar = tqdm(total=len(todo), unit="run", desc=f"sweep {graph['sweep']}", disable=not progress, dynamic_ncols=True,
-               mininterval=0.5)
+    bar = tqdm(
+        total=len(todo),
+        unit="run",
+        desc=f"sweep {graph['sweep']}",
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
     note = ProgressNote(bar, log_every)
     try:
         while todo or running:
-            for r in [r for r in todo if any(i in bad for i in r.inputs)]:   # a failed input blocks its dependants
+            for r in [r for r in todo if any(i in bad for i in r.inputs)]:  # a failed input blocks its dependants
                 todo.remove(r)
                 results[r.key] = dict(state="blocked")
                 bad.add(r.key)
@@ -175,18 +246,23 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
                 running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"], jobs), time.time())
             now = running_text(runs_dir, [r for r, _, _ in running.values()])
             note.show(f"running {now}" if now else "")
-            if not running and todo and not ready: break    # cannot happen in a well-formed graph
+            if not running and todo and not ready:
+                break  # cannot happen in a well-formed graph
             time.sleep(0.2)
             for key, (r, proc, start) in list(running.items()):
-                if proc.poll() is None: continue
+                if proc.poll() is None:
+                    continue
                 del running[key]
                 results[key] = dict(state=_child_state(runs_dir, r, proc), start=start, end=time.time())
-                if results[key]["state"] != "done": bad.add(key)
+                if results[key]["state"] != "done":
+                    bad.add(key)
                 bar.update(1)
                 _report(runs_dir, r, results[key]["state"])
     finally:
         # interrupted: stop our children (they stop their kernels)
-        for r, proc, _ in running.values(): proc.terminate()
-        for r, proc, _ in running.values(): proc.wait(timeout=20)
+        for r, proc, _ in running.values():
+            proc.terminate()
+        for r, proc, _ in running.values():
+            proc.wait(timeout=20)
         bar.close()
     return results

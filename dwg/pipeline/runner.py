@@ -4,11 +4,30 @@
 
 # %% ../../nbs/05a_runner.ipynb #600869e5
 from __future__ import annotations
-import contextlib, fcntl, json, math, os, shutil, signal, sys, time
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
 from pathlib import Path
 from ..runs import atomic_write, check_outputs, is_finished, read_json, read_progress, PROGRESS_FILE_VAR
-from .sweep import (GRAFT_SECTIONS, STAGES, Run, Stage, SweepError, graph_runs, is_done, read_graph,
-                       resolve_params, run_paths, run_state)
+from dwg.pipeline.sweep import (
+    GRAFT_SECTIONS,
+    STAGES,
+    Run,
+    Stage,
+    SweepError,
+    graph_runs,
+    is_done,
+    read_graph,
+    resolve_params,
+    run_paths,
+    run_state,
+)
 
 # %% auto #0
 __all__ = ['RESERVE', 'KERNEL_START_TIMEOUT', 'ROW_BYTES', 'RUN_BYTES', 'MODEL_FILES_BYTES', 'MODEL_PARAMS', 'RunBusy',
@@ -21,29 +40,35 @@ __all__ = ['RESERVE', 'KERNEL_START_TIMEOUT', 'ROW_BYTES', 'RUN_BYTES', 'MODEL_F
 class RunBusy(RuntimeError):
     "Another process is executing this run."
 
+
 @contextlib.contextmanager
 def run_lock(path: Path):
     "Hold an exclusive lock on `path` or raise `RunBusy`."
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RunBusy(f"{path.name[:-5]} is being executed by another process (lock {path}).") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()} {os.uname().nodename}\n")
         f.flush()
-        try: yield
-        finally: fcntl.flock(f, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
 
 def interrupt_on_sigterm(signum, frame):
     "A signal handler: SIGTERM stops the process like Ctrl-C (a KeyboardInterrupt), so runs end `interrupted`."
     raise KeyboardInterrupt(f"signal {signum}")
 
+
 def _prepare_tmp(p: dict, stage: Stage) -> int:
     "Make a clean `.tmp` (or keep a resumable one); returns the attempt number."
     tmp = p["tmp"]
-    if p["final"].exists():   # only a finished run is ever renamed to final; anything else there is not ours
+    if p["final"].exists():  # only a finished run is ever renamed to final; anything else there is not ours
         aside = p["final"].with_name(f"{p['final'].name}.incomplete-{int(time.time())}")
         print(f"dwg.pipeline.sweep: {p['final']} exists without a run record; moved it to {aside}", file=sys.stderr)
         os.replace(p["final"], aside)
@@ -53,69 +78,103 @@ def _prepare_tmp(p: dict, stage: Stage) -> int:
         attempt = (read_json(info).get("attempt", 0) + 1) if info.is_file() else 2
         if stage.resumable:
             (tmp / "FAILED").unlink(missing_ok=True)
-            if p["notebook"].exists(): os.replace(p["notebook"], tmp / f"notebook.attempt-{attempt - 1}.ipynb")
+            if p["notebook"].exists():
+                os.replace(p["notebook"], tmp / f"notebook.attempt-{attempt - 1}.ipynb")
         else:
             shutil.rmtree(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     return attempt
 
-RESERVE = ".failure-reserve"   # in a running run's `.tmp`: space set aside to record why the run failed
+
+RESERVE = ".failure-reserve"  # in a running run's `.tmp`: space set aside to record why the run failed
+
 
 def _reserve(tmp: Path, size: int = 1 << 16) -> None:
     "Set aside `size` bytes in `tmp` (written, not sparse), freed by `_fail`: a full disk still takes the FAILED record."
-    with open(tmp / RESERVE, "wb") as f: f.write(bytes(size))
+    with open(tmp / RESERVE, "wb") as f:
+        f.write(bytes(size))
+
 
 def _fail(tmp: Path, kind: str, message: str) -> None:
     "Record why a run failed or was interrupted (`FAILED` in its `.tmp`, in the space `_reserve` set aside)."
     (tmp / RESERVE).unlink(missing_ok=True)
     record = dict(kind=kind, error=message, time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    try: atomic_write(tmp / "FAILED", json.dumps(record, indent=1))
-    except OSError as e: print(f"dwg.pipeline.sweep: could not record in {tmp / 'FAILED'} why the run stopped ({e}): "
-                               f"{message}", file=sys.stderr)
+    try:
+        atomic_write(tmp / "FAILED", json.dumps(record, indent=1))
+    except OSError as e:
+        print(
+            f"dwg.pipeline.sweep: could not record in {tmp / 'FAILED'} why the run stopped ({e}): {message}",
+            file=sys.stderr,
+        )
+
 
 def failure_reason(e: BaseException) -> str:
     "An exception as the one line a user needs: its type and message (the notebook's own exception, for papermill's)."
     name, message = (e.ename, e.evalue) if hasattr(e, "ename") else (type(e).__name__, str(e))
     message = " ".join(str(message).split())
-    if len(message) > 400: message = message[:400] + " ..."
+    if len(message) > 400:
+        message = message[:400] + " ..."
     return f"{name}: {message}" if message else name
+
 
 def run_failure(runs_dir, run) -> str | None:
     "Why a failed or interrupted run stopped, as its FAILED record says; None without a record."
     failed = run_paths(runs_dir, run)["tmp"] / "FAILED"
-    if not failed.is_file(): return None
-    try: return read_json(failed)["error"]
-    except (OSError, ValueError, KeyError) as e: return f"(unreadable {failed}: {e})"
+    if not failed.is_file():
+        return None
+    try:
+        return read_json(failed)["error"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"(unreadable {failed}: {e})"
 
 # %% ../../nbs/05a_runner.ipynb #ada090bc
 KERNEL_START_TIMEOUT = 600  # s a kernel may take to start (papermill's 60 s was too short on a loaded machine)
-ROW_BYTES = 1000            # one result row of a grafting run (results.jsonl): ~930 bytes on the smoke profile
-RUN_BYTES = dict(datasets=5e6, localize=50e6, figures=30e6)   # what the other stages' runs write, at most (smoke figures: 15 MB)
-MODEL_FILES_BYTES = 10e6    # a fine-tune's files besides its weights: tokenizer, dataset copy, metrics
+ROW_BYTES = 1000  # one result row of a grafting run (results.jsonl): ~930 bytes on the smoke profile
+RUN_BYTES = dict(
+    datasets=5e6, localize=50e6, figures=30e6
+)  # what the other stages' runs write, at most (smoke figures: 15 MB)
+MODEL_FILES_BYTES = 10e6  # a fine-tune's files besides its weights: tokenizer, dataset copy, metrics
 # parameters of the named models, for when their config is not at hand (not downloaded yet)
-MODEL_PARAMS = {"smollm2-135m": 135e6, "gemma": 2.51e9, "llama3": 1.24e9, "gpt2": 124e6, "gpt2-medium": 355e6,
-                "gpt2-large": 774e6, "gpt2-xl": 1.56e9, "pythia-1.4b": 1.41e9, "pythia-2.8b": 2.78e9, "olmo": 1.18e9}
+MODEL_PARAMS = {
+    "smollm2-135m": 135e6,
+    "gemma": 2.51e9,
+    "llama3": 1.24e9,
+    "gpt2": 124e6,
+    "gpt2-medium": 355e6,
+    "gpt2-large": 774e6,
+    "gpt2-xl": 1.56e9,
+    "pythia-1.4b": 1.41e9,
+    "pythia-2.8b": 2.78e9,
+    "olmo": 1.18e9,
+}
+
 
 class NoSpace(RuntimeError):
     "The runs directory's file system has less free space than the runs will write."
 
+
 def fmt_bytes(n: float) -> str:
     "A size in decimal units: `512 B`, `3.4 MB`, `1.2 GB`."
     for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB": return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
+
 
 def free_space(path) -> int:
     "Bytes this user may still write on the file system of `path` (or of its nearest existing parent)."
     p = Path(path).resolve()
-    while not p.exists(): p = p.parent
+    while not p.exists():
+        p = p.parent
     return shutil.disk_usage(p).free
+
 
 def _meta_model(name: str):
     "Model `name` built on the meta device (no weights, no memory) from its config; None when no config is at hand."
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from dwg.science import models
+
     try:
         if name in models.TINY_MODELS:
             spec = dict(models.TINY_MODELS[name])
@@ -124,22 +183,31 @@ def _meta_model(name: str):
             path = models.checkpoint_dir(models.embedded_checkpoint() if name == models.EMBEDDED else name)
             where = str(path) if (path / "config.json").is_file() else models.HUB_MODELS.get(name, name)
             cfg = AutoConfig.from_pretrained(where, local_files_only=True)
-        with torch.device("meta"): return AutoModelForCausalLM.from_config(cfg)
-    except (OSError, ValueError, KeyError): return None
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(cfg)
+    except (OSError, ValueError, KeyError):
+        return None
+
 
 def _lora_params(net, lora: dict) -> int:
     "The parameters a LoRA adapter of rank `lora['r']` adds to `net`'s targeted linear layers (not the output head)."
     targets, head = lora.get("target_modules", "all-linear"), net.get_output_embeddings()
+
     def targeted(name, m):
-        return (m is not head and type(m).__name__ in ("Linear", "Conv1D")
-                and (targets == "all-linear" or name.split(".")[-1] in targets))
+        return (
+            m is not head
+            and type(m).__name__ in ("Linear", "Conv1D")
+            and (targets == "all-linear" or name.split(".")[-1] in targets)
+        )
+
     return sum(lora["r"] * sum(m.weight.shape) for name, m in net.named_modules() if targeted(name, m))
+
 
 def model_sizes(name: str, net, lora: dict | None = None) -> tuple[int, int] | None:
     "(parameters, trainable parameters: all, or a LoRA adapter's) of model `name` (`net`: on the meta device or None)."
     if net is None:
         n = MODEL_PARAMS.get(name)
-        return None if n is None else (int(n), int(n * 0.01) if lora else int(n))   # an adapter: ~1% of a model
+        return None if n is None else (int(n), int(n * 0.01) if lora else int(n))  # an adapter: ~1% of a model
     n = sum(p.numel() for p in net.parameters())
     return n, (_lora_params(net, lora) if lora else n)
 
@@ -149,52 +217,74 @@ def _kept_checkpoints(cfg) -> int:
     n = cfg.save_total_limit if cfg.save_total_limit and cfg.save_total_limit > 0 else math.ceil(cfg.epochs)
     return max(n, 2) if cfg.best_by_eval_loss else n
 
+
 def _model_estimate(run: Run, net) -> dict:
     "A fine-tune: its model (kept) and, while it trains, its checkpoints (fp32 weights and AdamW's two moments)."
     from dwg.pipeline.config import resolve_config
+
     cfg = resolve_config(run.params["config"], run.params.get("overrides"))
     sizes = model_sizes(run.params["model"], net, cfg.lora)
-    if sizes is None: return dict(keep=MODEL_FILES_BYTES, peak=0, what=f"{run.params['model']}: size unknown, not counted")
+    if sizes is None:
+        return dict(keep=MODEL_FILES_BYTES, peak=0, what=f"{run.params['model']}: size unknown, not counted")
     n, trainable = sizes
     weights = 4 * (trainable if cfg.lora else n)
     ckpt, kept = weights + 8 * trainable, _kept_checkpoints(cfg)
     keep = weights + MODEL_FILES_BYTES + (kept * ckpt if cfg.keep_checkpoints else 0)
-    what = (f"{run.params['model']}: checkpoints of {fmt_bytes(ckpt)}, {kept} kept (one more while the next is "
-            f"written), the model {fmt_bytes(weights)}")
+    what = (
+        f"{run.params['model']}: checkpoints of {fmt_bytes(ckpt)}, {kept} kept (one more while the next is "
+        f"written), the model {fmt_bytes(weights)}"
+    )
     return dict(keep=keep, peak=ckpt if cfg.keep_checkpoints else (kept + 1) * ckpt, what=what)
+
 
 def _graft_estimate(run: Run, by_key: dict, net) -> dict:
     "A grafting run: a result row per plan x fact x template."
     from dwg.science.plans import expand_plans
     from dwg.science.data import EVAL_TEMPLATES
+
     dataset = by_key[run.params["dataset_dir"][1:]].params
     facts = dataset["n_facts"] // (1 if run.params.get("split", "all") == "all" else 2)
     facts = min(facts, run.params.get("max_examples") or facts)
     templates = run.params.get("templates")
     templates = len(templates) if isinstance(templates, list) else len(EVAL_TEMPLATES)
     plans = len(expand_plans(run.params["plans"], net.config.num_hidden_layers if net is not None else 32))
-    return dict(keep=ROW_BYTES * plans * facts * templates, peak=0, what=f"{plans} plans x {facts} facts x {templates} templates")
+    return dict(
+        keep=ROW_BYTES * plans * facts * templates,
+        peak=0,
+        what=f"{plans} plans x {facts} facts x {templates} templates",
+    )
+
 
 def estimate_runs(graph: dict, runs: list[Run]) -> dict[str, dict]:
     "Per run key: bytes the run `keep`s, bytes more at its `peak` while it runs, and `what` was counted."
     nets, by_key = {}, {r.key: r for r in graph_runs(graph)}
+
     def net(name):
-        if name not in nets: nets[name] = _meta_model(name)
+        if name not in nets:
+            nets[name] = _meta_model(name)
         return nets[name]
+
     def estimate(r: Run) -> dict:
-        if r.stage == "models": return _model_estimate(r, net(r.params["model"]))
-        if r.stage in GRAFT_SECTIONS: return _graft_estimate(r, by_key, net(r.params["pretrained"]))
+        if r.stage == "models":
+            return _model_estimate(r, net(r.params["model"]))
+        if r.stage in GRAFT_SECTIONS:
+            return _graft_estimate(r, by_key, net(r.params["pretrained"]))
         return dict(keep=RUN_BYTES.get(r.stage, 0), peak=0, what="")
+
     return {r.key: estimate(r) for r in runs}
+
 
 def space_needed(estimates: dict, at_once: int) -> int:
     "Bytes a set of runs needs: what they keep, and the peaks of the `at_once` largest running together."
     peaks = sorted((e["peak"] for e in estimates.values()), reverse=True)
-    return int(sum(e["keep"] for e in estimates.values()) + sum(peaks[:max(1, at_once)]))
+    return int(sum(e["keep"] for e in estimates.values()) + sum(peaks[: max(1, at_once)]))
 
 # %% ../../nbs/05a_runner.ipynb #72a0e6b9
-_SPACE_FIX = ("Put the runs on a larger file system (--runs DIR), keep fewer checkpoints (save_total_limit: 1 and "
-              "keep_checkpoints: false in the training profile), free space there, or skip this check with --force.")
+_SPACE_FIX = (
+    "Put the runs on a larger file system (--runs DIR), keep fewer checkpoints (save_total_limit: 1 and "
+    "keep_checkpoints: false in the training profile), free space there, or skip this check with --force."
+)
+
 
 def _stage_lines(estimates: dict) -> list[str]:
     "One line per stage: its runs, the bytes they need, what was counted."
@@ -202,9 +292,12 @@ def _stage_lines(estimates: dict) -> list[str]:
     for stage in dict.fromkeys(k.split("/")[0] for k in estimates):
         es = [e for k, e in estimates.items() if k.split("/")[0] == stage]
         whats = list(dict.fromkeys(e["what"] for e in es if e["what"]))
-        lines.append(f"  {stage}: {len(es)} run(s), {fmt_bytes(space_needed(dict(enumerate(es)), len(es)))}"
-                     + (f" ({'; '.join(whats[:2])})" if whats else ""))
+        lines.append(
+            f"  {stage}: {len(es)} run(s), {fmt_bytes(space_needed(dict(enumerate(es)), len(es)))}"
+            + (f" ({'; '.join(whats[:2])})" if whats else "")
+        )
     return lines
+
 
 def check_space(runs_dir, estimates: dict, at_once: int) -> str:
     "A line naming the space the runs need and the space free; `NoSpace`, naming the sizes and the fix, if too little."
@@ -214,49 +307,78 @@ def check_space(runs_dir, estimates: dict, at_once: int) -> str:
         raise NoSpace(f"Not enough free space: {line}.\n" + "\n".join(_stage_lines(estimates)) + "\n" + _SPACE_FIX)
     return line
 
+
 def space_shortfall(graph: dict, run: Run) -> str | None:
     "Why `run` cannot start for lack of space (its estimate in the graph against the free space now), or None."
     est = (graph.get("space") or {}).get(run.key)
-    if est is None or not graph.get("check_space", True): return None
+    if est is None or not graph.get("check_space", True):
+        return None
     need, free = est["keep"] + est["peak"], free_space(graph["runs_dir"])
-    if need <= free: return None
-    return (f"NoSpace: this run needs about {fmt_bytes(need)} ({est['what'] or run.stage}), {fmt_bytes(free)} is "
-            f"free in {graph['runs_dir']}. {_SPACE_FIX}")
+    if need <= free:
+        return None
+    return (
+        f"NoSpace: this run needs about {fmt_bytes(need)} ({est['what'] or run.stage}), {fmt_bytes(free)} is "
+        f"free in {graph['runs_dir']}. {_SPACE_FIX}"
+    )
 
 # %% ../../nbs/05a_runner.ipynb #157f14c0
 @contextlib.contextmanager
 def _environ(name: str, value: str | None):
     "Set (or, with None, unset) an environment variable inside the block; restore it afterwards."
     old = os.environ.pop(name, None)
-    if value is not None: os.environ[name] = value
-    try: yield
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
     finally:
         os.environ.pop(name, None)
-        if old is not None: os.environ[name] = old
+        if old is not None:
+            os.environ[name] = old
+
 
 def _run_info(run: Run, params: dict, attempt: int) -> dict:
     "What `sweep_run.json` records about an attempt: parameters, host, process, Slurm job, start time."
     env = os.environ.get
-    return dict(stage=run.stage, id=run.id, label=run.label, notebook=STAGES[run.stage].notebook, params=params,
-                inputs=run.inputs, attempt=attempt, host=os.uname().nodename, pid=os.getpid(),
-                slurm_job=env("SLURM_JOB_ID"), slurm_array=env("SLURM_ARRAY_JOB_ID"),
-                slurm_task=env("SLURM_ARRAY_TASK_ID"), started=time.time())
+    return dict(
+        stage=run.stage,
+        id=run.id,
+        label=run.label,
+        notebook=STAGES[run.stage].notebook,
+        params=params,
+        inputs=run.inputs,
+        attempt=attempt,
+        host=os.uname().nodename,
+        pid=os.getpid(),
+        slurm_job=env("SLURM_JOB_ID"),
+        slurm_array=env("SLURM_ARRAY_JOB_ID"),
+        slurm_task=env("SLURM_ARRAY_TASK_ID"),
+        started=time.time(),
+    )
+
 
 def _execute(graph: dict, run: Run, p: dict, params: dict, progress: bool) -> str | None:
     "Run the notebook with papermill; None when it finished, else 'failed' or 'interrupted' (recorded in FAILED)."
-    import papermill as pm   # heavy (nbconvert, jupyter): imported only when a run executes
+    import papermill as pm  # heavy (nbconvert, jupyter): imported only when a run executes
+
     notebook = Path(graph["notebooks"]) / f"{STAGES[run.stage].notebook}.ipynb"
     old = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
-    try:   # the experiment runs as in production (not as a test) and reports its progress to a file in its run
+    try:  # the experiment runs as in production (not as a test) and reports its progress to a file in its run
         with _environ("IN_TEST", None), _environ(PROGRESS_FILE_VAR, str(p["progress"])):
-            pm.execute_notebook(str(notebook), str(p["notebook"]), parameters=params, cwd=graph["notebooks"],
-                                kernel_name="python3", progress_bar=progress, log_output=False,
-                                start_timeout=KERNEL_START_TIMEOUT)
-    except KeyboardInterrupt as e:   # a signal: an interruption
+            pm.execute_notebook(
+                str(notebook),
+                str(p["notebook"]),
+                parameters=params,
+                cwd=graph["notebooks"],
+                kernel_name="python3",
+                progress_bar=progress,
+                log_output=False,
+                start_timeout=KERNEL_START_TIMEOUT,
+            )
+    except KeyboardInterrupt as e:  # a signal: an interruption
         _fail(p["tmp"], "interrupted", f"interrupted ({e or 'SIGINT'})")
         return "interrupted"
-    except Exception as e:           # an exception: a failure
-        if getattr(e, "ename", "") == "KeyboardInterrupt":   # the kernel got the Ctrl-C
+    except Exception as e:  # an exception: a failure
+        if getattr(e, "ename", "") == "KeyboardInterrupt":  # the kernel got the Ctrl-C
             _fail(p["tmp"], "interrupted", "interrupted (SIGINT in the kernel)")
             return "interrupted"
         _fail(p["tmp"], "error", failure_reason(e))
@@ -265,9 +387,10 @@ def _execute(graph: dict, run: Run, p: dict, params: dict, progress: bool) -> st
         signal.signal(signal.SIGTERM, old)
     return None
 
+
 def _attempt(graph: dict, run: Run, p: dict, progress: bool) -> str:
     "Check the free space, prepare the run's `.tmp`, execute its notebook, publish it: 'done', 'failed', 'interrupted'."
-    if (short := space_shortfall(graph, run)):
+    if short := space_shortfall(graph, run):
         p["tmp"].mkdir(parents=True, exist_ok=True)
         _fail(p["tmp"], "error", short)
         return "failed"
@@ -276,40 +399,49 @@ def _attempt(graph: dict, run: Run, p: dict, progress: bool) -> str:
     params = {**resolve_params(run, graph["runs_dir"]), "out_dir": str(p["tmp_out"])}
     info = _run_info(run, params, attempt)
     atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
-    p["progress"].unlink(missing_ok=True)   # a retried run starts without its last attempt's progress
-    if (failed := _execute(graph, run, p, params, progress)): return failed
+    p["progress"].unlink(missing_ok=True)  # a retried run starts without its last attempt's progress
+    if failed := _execute(graph, run, p, params, progress):
+        return failed
     if not is_finished(p["tmp_out"]):
         _fail(p["tmp"], "error", f"the notebook finished without writing {p['tmp_out'] / 'run.json'}")
         return "failed"
     info.update(finished=time.time(), wall_seconds=round(time.time() - info["started"], 2))
     atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
-    for f in (p["progress"], p["tmp"] / RESERVE): f.unlink(missing_ok=True)
+    for f in (p["progress"], p["tmp"] / RESERVE):
+        f.unlink(missing_ok=True)
     # the run is done: a plain rename, atomic on one file system. Not dwg.runs.publish_dir: the final directory
     # does not exist here (_prepare_tmp moved anything there aside), and a run must never replace a finished one
     os.rename(p["tmp"], p["final"])
     return "done"
+
 
 def run_one(graph: dict, run: Run, progress: bool = False) -> str:
     "Execute `run` of `graph` (skip it if done); its final state: 'done', 'skipped', 'failed' or 'interrupted'."
     runs_dir = Path(graph["runs_dir"])
     p = run_paths(runs_dir, run)
     with run_lock(p["lock"]):
-        if is_done(runs_dir, run): return "skipped"
+        if is_done(runs_dir, run):
+            return "skipped"
         inputs = [dict(zip(("stage", "id"), k.split("/"))) for k in run.inputs]
-        if (missing := [k for k, i in zip(run.inputs, inputs) if not is_done(runs_dir, i)]):
+        if missing := [k for k, i in zip(run.inputs, inputs) if not is_done(runs_dir, i)]:
             raise SweepError(f"{run.key} ({run.label}): input run(s) {missing} are not done.")
-        try: return _attempt(graph, run, p, progress)
-        except Exception as e:   # around the notebook (a full disk, a missing file): recorded like a notebook's error
+        try:
+            return _attempt(graph, run, p, progress)
+        except Exception as e:  # around the notebook (a full disk, a missing file): recorded like a notebook's error
             _fail(p["tmp"], "error", failure_reason(e))
             return "failed"
+
 
 def run_from_graph(graph_path, key: str | None = None, stage: str | None = None, index: int | None = None) -> int:
     "Execute one run of a graph file, by key or by stage and Slurm array index; an exit code (0 done, 130 interrupted)."
     graph = read_graph(graph_path)
-    if key is None and stage is not None and index is not None: key = f"{stage}/{graph['arrays'][stage][index]}"
-    if key is None: raise SweepError("run-one needs --run STAGE/ID or --stage S --index I")
+    if key is None and stage is not None and index is not None:
+        key = f"{stage}/{graph['arrays'][stage][index]}"
+    if key is None:
+        raise SweepError("run-one needs --run STAGE/ID or --stage S --index I")
     run = next((r for r in graph_runs(graph) if r.key == key), None)
-    if run is None: raise SweepError(f"No run {key} in {graph_path}")
+    if run is None:
+        raise SweepError(f"No run {key} in {graph_path}")
     print(f"dwg.pipeline.sweep: {key} ({run.label}) on {os.uname().nodename}, pid {os.getpid()}", flush=True)
     state = run_one(graph, run, progress=False)
     why = run_failure(graph["runs_dir"], run) if state in ("failed", "interrupted") else None
@@ -320,10 +452,11 @@ def run_from_graph(graph_path, key: str | None = None, stage: str | None = None,
 def runs_to_redo(graph: dict, states: dict) -> list[Run]:
     "The corrupt runs (`states`: {key: state}) and every finished run that depends on one, in graph order."
     redo = set()
-    for r in graph_runs(graph):   # a graph lists inputs before the runs that read them
+    for r in graph_runs(graph):  # a graph lists inputs before the runs that read them
         if states.get(r.key) == "corrupt" or (states.get(r.key) == "done" and redo & set(r.inputs)):
             redo.add(r.key)
     return [r for r in graph_runs(graph) if r.key in redo]
+
 
 def remove_runs(runs_dir, runs: list[Run]) -> None:
     "Remove the final directories of `runs` (under each run's lock), so that they run again."
@@ -331,42 +464,59 @@ def remove_runs(runs_dir, runs: list[Run]) -> None:
         p = run_paths(runs_dir, r)
         with run_lock(p["lock"]):
             gone = p["final"].with_name(f".{r.id}.removed-{os.getpid()}")
-            os.replace(p["final"], gone)   # the run is no longer done at once; then its files go
+            os.replace(p["final"], gone)  # the run is no longer done at once; then its files go
             shutil.rmtree(gone)
 
 # %% ../../nbs/05a_runner.ipynb #9ebd6a57
 class SweepBusy(RuntimeError):
     "Another live sweep holds the runs directory."
 
+
 def _proc_stat(pid: int) -> list[str] | None:
     "Fields of /proc/<pid>/stat after the command name (Linux), or None."
-    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError): return None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
 
 def process_start(pid: int):
     "The start time of process `pid` (Linux; None elsewhere), to tell it from a later process with the same pid."
     st = _proc_stat(pid)
     return st[19] if st else None
 
+
 def process_alive(pid: int, start) -> bool:
     "Whether process `pid` (started at `start`) still runs: not gone, not a zombie, not a new process with its pid."
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: pass
-    if start is None: return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if start is None:
+        return True
     st = _proc_stat(pid)
     return bool(st) and st[0] not in ("Z", "X") and st[19] == start
+
 
 def _holder(f) -> dict:
     "Who holds (or last held) a sweep lock, as its open file `f` says ({} when it says nothing readable)."
     f.seek(0)
-    try: return json.loads(f.read() or "{}")
-    except ValueError: return {}
+    try:
+        return json.loads(f.read() or "{}")
+    except ValueError:
+        return {}
+
 
 def _holder_text(h: dict) -> str:
     "A sweep lock's holder as `pid N on HOST, started T (COMMAND)`."
-    if not h: return "a process that has not written its name yet"
-    return f"pid {h.get('pid')} on {h.get('host')}, started {h.get('started')}" + (f" ({h['command']})" if h.get("command") else "")
+    if not h:
+        return "a process that has not written its name yet"
+    return f"pid {h.get('pid')} on {h.get('host')}, started {h.get('started')}" + (
+        f" ({h['command']})" if h.get("command") else ""
+    )
+
 
 def _gone(h: dict) -> bool:
     "Whether the process a lock record names is known to be gone (it ran on this host, and no longer runs)."
@@ -376,29 +526,45 @@ def _gone(h: dict) -> bool:
 def _try_sweep_lock(path: Path):
     "The open, locked lock file `path`, or (None, the holder's record) when another live sweep holds it."
     while True:
-        path.parent.mkdir(parents=True, exist_ok=True)   # a sweep that ends removes the directories it made
-        try: f = open(path, "a+")
-        except FileNotFoundError: continue
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a sweep that ends removes the directories it made
+        try:
+            f = open(path, "a+")
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             h = _holder(f)
             f.close()
             return None, h
-        try: same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-        except FileNotFoundError: same = False
-        if same: return f, _holder(f)
-        f.close()   # its holder removed the file as we opened it: lock the new one
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return f, _holder(f)
+        f.close()  # its holder removed the file as we opened it: lock the new one
+
 
 def _take(f, path: Path, left: dict) -> None:
     "Write this process into the lock file `f`, with a note when it takes over a lock a dead process left."
-    if left: print(f"dwg.pipeline.sweep: note: {path} was left by {_holder_text(left)}, which is gone; taking it over",
-                   file=sys.stderr)
-    me = dict(host=os.uname().nodename, pid=os.getpid(), start=process_start(os.getpid()),
-              started=time.strftime("%Y-%m-%d %H:%M:%S"), command=" ".join(sys.argv)[:200])
+    if left:
+        print(
+            f"dwg.pipeline.sweep: note: {path} was left by {_holder_text(left)}, which is gone; taking it over",
+            file=sys.stderr,
+        )
+    me = dict(
+        host=os.uname().nodename,
+        pid=os.getpid(),
+        start=process_start(os.getpid()),
+        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+        command=" ".join(sys.argv)[:200],
+    )
     f.seek(0)
     f.truncate()
     f.write(json.dumps(me))
     f.flush()
+
 
 @contextlib.contextmanager
 def sweep_lock(runs_dir, wait: bool = False, poll: float = 1.0):
@@ -409,43 +575,59 @@ def sweep_lock(runs_dir, wait: bool = False, poll: float = 1.0):
     while True:
         f, holder = _try_sweep_lock(path)
         if f is not None and not (holder and not _gone(holder) and holder.get("host") == os.uname().nodename):
-            break   # (a live holder on this host without the flock: flock does not work here; it still counts)
-        if f is not None: f.close()
+            break  # (a live holder on this host without the flock: flock does not work here; it still counts)
+        if f is not None:
+            f.close()
         if not wait:
-            raise SweepBusy(f"Another sweep is running on {runs_dir}: {_holder_text(holder)}. Wait for it to finish "
-                            "(or rerun with --wait to start when it does), stop it, or use another --runs directory.")
-        if not said: print(f"dwg.pipeline.sweep: waiting for the sweep running on {runs_dir} to finish: {_holder_text(holder)}",
-                           file=sys.stderr, flush=True)
+            raise SweepBusy(
+                f"Another sweep is running on {runs_dir}: {_holder_text(holder)}. Wait for it to finish "
+                "(or rerun with --wait to start when it does), stop it, or use another --runs directory."
+            )
+        if not said:
+            print(
+                f"dwg.pipeline.sweep: waiting for the sweep running on {runs_dir} to finish: {_holder_text(holder)}",
+                file=sys.stderr,
+                flush=True,
+            )
         said = True
         time.sleep(poll)
     try:
         _take(f, path, holder)
         yield
     finally:
-        path.unlink(missing_ok=True)   # still holding it: a sweep that opens it now sees another inode and retries
+        path.unlink(missing_ok=True)  # still holding it: a sweep that opens it now sees another inode and retries
         f.close()
-        for d in reversed(made):       # directories made only for the lock go again (nothing else was written)
-            if d.is_dir() and not any(d.iterdir()): d.rmdir()
+        for d in reversed(made):  # directories made only for the lock go again (nothing else was written)
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
 
 # %% ../../nbs/05a_runner.ipynb #4ecff3fe
 def progress_line(runs_dir, run) -> str | None:
     "The last progress line a running run's notebook reported, or None."
     return read_progress(run_paths(runs_dir, run)["progress"])
 
-_NO_RECORD = ("stopped without recording why: its process was killed (SIGKILL, out of memory) or the machine went "
-              "down; a rerun retries it")
+
+_NO_RECORD = (
+    "stopped without recording why: its process was killed (SIGKILL, out of memory) or the machine went "
+    "down; a rerun retries it"
+)
+
 
 def _status_item(runs_dir, r: Run, cancelled: dict, logs: dict) -> dict:
     "One run's state, with its reason, notebook and log when it failed, its progress when it runs."
     st, p = run_state(runs_dir, r), run_paths(runs_dir, r)
-    if st == "pending" and r.key in cancelled: st = "cancelled"
+    if st == "pending" and r.key in cancelled:
+        st = "cancelled"
     item = dict(key=r.key, label=r.label, state=st)
     if st in ("failed", "interrupted"):
         log = logs[r.key] if r.key in logs and not p["log"].exists() else p["log"]
         item.update(notebook=str(p["notebook"]), log=str(log), error=run_failure(runs_dir, r) or _NO_RECORD)
-    if st == "corrupt": item["error"] = check_outputs(p["out"])[0]
-    if st == "cancelled": item["reason"] = cancelled[r.key]
-    if st == "running": item["progress"] = progress_line(runs_dir, r)
+    if st == "corrupt":
+        item["error"] = check_outputs(p["out"])[0]
+    if st == "cancelled":
+        item["reason"] = cancelled[r.key]
+    if st == "running":
+        item["progress"] = progress_line(runs_dir, r)
     return item
 
 
@@ -457,6 +639,7 @@ def status(runs_dir, graph: dict | None = None, cancelled: dict | None = None, l
         out.setdefault(r.stage, []).append(_status_item(Path(runs_dir), r, cancelled or {}, logs or {}))
     return out
 
+
 def format_status(st: dict) -> str:
     "Status as text: one line per stage, then the failed, corrupt, cancelled and running runs."
     states = ("done", "corrupt", "running", "failed", "interrupted", "cancelled", "pending")
@@ -467,20 +650,26 @@ def format_status(st: dict) -> str:
         head = f"{i['state'].upper()} {i['key']} ({i['label']}): "
         if i["state"] in ("failed", "interrupted"):
             lines.append(f"{head}{i.get('error', '')}\n    notebook: {i['notebook']}\n    log: {i['log']}")
-        elif i["state"] == "corrupt": lines.append(f"{head}{i['error']}; a rerun redoes it and the runs that read it")
-        elif i["state"] == "cancelled": lines.append(head + i["reason"])
-        elif i["state"] == "running": lines.append(head + (i.get("progress") or "started"))
+        elif i["state"] == "corrupt":
+            lines.append(f"{head}{i['error']}; a rerun redoes it and the runs that read it")
+        elif i["state"] == "cancelled":
+            lines.append(head + i["reason"])
+        elif i["state"] == "running":
+            lines.append(head + (i.get("progress") or "started"))
     return "\n".join(lines)
 
 # %% ../../nbs/05a_runner.ipynb #f5658cb0
 def running_text(runs_dir, runs) -> str:
     "Running runs as `stage:label [last progress line]`, comma-separated."
-    return ", ".join(f"{r.stage}:{r.label}" + (f" [{line}]" if (line := progress_line(runs_dir, r)) else "")
-                     for r in runs)
+    return ", ".join(
+        f"{r.stage}:{r.label}" + (f" [{line}]" if (line := progress_line(runs_dir, r)) else "") for r in runs
+    )
+
 
 class ProgressNote:
     """What a sweep's progress bar says about the running runs: its postfix on a terminal; in a log (no terminal),
     a line of its own, at most every `every` seconds and only when it changed."""
+
     def __init__(self, bar, every: float):
         self.bar, self.every, self.text, self.logged, self.at = bar, every, None, None, time.time()
         self.tty = not bar.disable and sys.stderr.isatty()

@@ -4,7 +4,13 @@
 
 # %% ../../nbs/05c_slurm.ipynb #0e3a81fe
 from __future__ import annotations
-import json, os, shlex, shutil, subprocess, sys, time
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from tqdm import tqdm
 from ..runs import atomic_write, read_json
@@ -23,31 +29,47 @@ def slurm_options(graph: dict, stage: str, overrides: dict | None = None) -> dic
     opts = {**base, **{k: v for k, v in sl.items() if k != "stages"}, **((sl.get("stages") or {}).get(stage) or {})}
     return {**opts, **{k: v for k, v in (overrides or {}).items() if v is not None}}
 
+
 def sbatch_script(graph: dict, stage: str, n: int, sub_dir: Path, opts: dict, deps: list[str]) -> str:
     "The sbatch script of one stage's job array."
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=dwg-{graph['sweep']}-{stage}", f"#SBATCH --array=0-{n - 1}",
-             f"#SBATCH --output={sub_dir}/logs/{stage}-%a.out", f"#SBATCH --chdir={graph['runs_dir']}",
-             f"#SBATCH --cpus-per-task={opts['cpus']}", f"#SBATCH --time={opts['time']}"]
-    if opts.get("mem"): lines.append(f"#SBATCH --mem={opts['mem']}")
-    if opts.get("partition"): lines.append(f"#SBATCH --partition={opts['partition']}")
-    if opts.get("gpus"): lines.append(f"#SBATCH --gres=gpu:{opts['gpus']}")
-    if deps: lines += [f"#SBATCH --dependency=afterok:{':'.join(deps)}", "#SBATCH --kill-on-invalid-dep=yes"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=dwg-{graph['sweep']}-{stage}",
+        f"#SBATCH --array=0-{n - 1}",
+        f"#SBATCH --output={sub_dir}/logs/{stage}-%a.out",
+        f"#SBATCH --chdir={graph['runs_dir']}",
+        f"#SBATCH --cpus-per-task={opts['cpus']}",
+        f"#SBATCH --time={opts['time']}",
+    ]
+    if opts.get("mem"):
+        lines.append(f"#SBATCH --mem={opts['mem']}")
+    if opts.get("partition"):
+        lines.append(f"#SBATCH --partition={opts['partition']}")
+    if opts.get("gpus"):
+        lines.append(f"#SBATCH --gres=gpu:{opts['gpus']}")
+    if deps:
+        lines += [f"#SBATCH --dependency=afterok:{':'.join(deps)}", "#SBATCH --kill-on-invalid-dep=yes"]
     extra = opts.get("extra") or []
     lines += [f"#SBATCH {x}" for x in ([extra] if isinstance(extra, str) else extra)]
     py = "python" if opts.get("setup") else shlex.quote(sys.executable)
-    lines += ["set -eo pipefail", *([opts["setup"]] if opts.get("setup") else []),
-              "export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}",
-              f"exec {py} -m dwg.pipeline.cli run-one --graph {shlex.quote(str(sub_dir / 'graph.json'))} --stage {stage} "
-              '--index "$SLURM_ARRAY_TASK_ID"']
+    lines += [
+        "set -eo pipefail",
+        *([opts["setup"]] if opts.get("setup") else []),
+        "export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}",
+        f"exec {py} -m dwg.pipeline.cli run-one --graph {shlex.quote(str(sub_dir / 'graph.json'))} --stage {stage} "
+        '--index "$SLURM_ARRAY_TASK_ID"',
+    ]
     return "\n".join(lines) + "\n"
 
 # %% ../../nbs/05c_slurm.ipynb #68d34c92
 class SlurmError(RuntimeError):
     "Slurm refused a submission (its message included); nothing of it is left queued."
 
+
 def _sh(*cmd) -> str:
     "Run a Slurm command that may fail (squeue, scontrol, scancel); its stdout."
     return subprocess.run(cmd, capture_output=True, text=True).stdout
+
 
 def _sbatch(script: Path, stage: str, n: int) -> str:
     "Submit one job array; its job id, or a `SlurmError` with sbatch's message on one line."
@@ -55,40 +77,54 @@ def _sbatch(script: Path, stage: str, n: int) -> str:
     job = r.stdout.strip().split(";")[0]
     if r.returncode != 0 or not job:
         why = " / ".join(l.strip() for l in (r.stderr or r.stdout).splitlines() if l.strip()) or "no job id printed"
-        raise SlurmError(f"sbatch refused the {stage} job array ({n} runs): {why}. Check the Slurm options "
-                         "(--partition, --time, --mem, --cpus, --gpus, --setup or the sweep file's slurm: section).")
+        raise SlurmError(
+            f"sbatch refused the {stage} job array ({n} runs): {why}. Check the Slurm options "
+            "(--partition, --time, --mem, --cpus, --gpus, --setup or the sweep file's slurm: section)."
+        )
     return job
+
 
 def require_sbatch() -> str:
     "The path of `sbatch`, or a clear error."
     exe = shutil.which("sbatch")
     if not exe:
-        raise SweepError("--slurm needs Slurm's `sbatch`, which is not on PATH. Run without --slurm to run locally, "
-                         "or start a one-node cluster (scripts/slurm/start_slurm.sh, as root) or use a machine with "
-                         "Slurm.")
+        raise SweepError(
+            "--slurm needs Slurm's `sbatch`, which is not on PATH. Run without --slurm to run locally, "
+            "or start a one-node cluster (scripts/slurm/start_slurm.sh, as root) or use a machine with "
+            "Slurm."
+        )
     return exe
+
 
 def _queued(job_ids: list[str]) -> list[str]:
     "Lines of `squeue` for jobs still in the queue."
-    if not job_ids: return []
+    if not job_ids:
+        return []
     return [l for l in _sh("squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T %r").splitlines() if l.strip()]
+
 
 def _check_previous(runs_dir: Path):
     "A `SweepError` if the last submission to `runs_dir` still has jobs in the queue."
     last = runs_dir / ".sweep" / "slurm-last.json"
-    if not last.is_file(): return
+    if not last.is_file():
+        return
     prev = read_json(last)
     jobs = [s["job_id"] for s in prev["stages"].values()]
-    if (q := _queued(jobs)):
-        raise SweepError(f"A previous submission ({prev['dir']}) still has jobs in the queue: {q[:3]}... "
-                         f"Wait for it (status) or scancel {' '.join(jobs)}.")
+    if q := _queued(jobs):
+        raise SweepError(
+            f"A previous submission ({prev['dir']}) still has jobs in the queue: {q[:3]}... "
+            f"Wait for it (status) or scancel {' '.join(jobs)}."
+        )
+
 
 def _withdraw(record: dict, sub: Path, made: list[Path]):
     "Undo a submission that failed part-way: cancel its jobs, remove its directory and the directories it made."
-    if (jobs := [s["job_id"] for s in record["stages"].values()]): _sh("scancel", *jobs)
+    if jobs := [s["job_id"] for s in record["stages"].values()]:
+        _sh("scancel", *jobs)
     shutil.rmtree(sub, ignore_errors=True)
-    for d in reversed(made):   # only if empty: a runs directory that holds anything stays
-        if d.is_dir() and not any(d.iterdir()): d.rmdir()
+    for d in reversed(made):  # only if empty: a runs directory that holds anything stays
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
 
 # %% ../../nbs/05c_slurm.ipynb #495b0cdc
 def _arrays(graph: dict) -> dict[str, list[str]]:
@@ -96,6 +132,7 @@ def _arrays(graph: dict) -> dict[str, list[str]]:
     runs, runs_dir = graph_runs(graph), Path(graph["runs_dir"])
     arrays = {st: [r.id for r in runs if r.stage == st and not is_done(runs_dir, r)] for st in STAGE_ORDER}
     return {st: ids for st, ids in arrays.items() if ids}
+
 
 def _submit_arrays(graph: dict, arrays: dict, sub: Path, overrides: dict | None, dry_run: bool, record: dict):
     "sbatch one job array per stage, each after the arrays of the stages its runs read; into `record['stages']`."
@@ -109,6 +146,7 @@ def _submit_arrays(graph: dict, arrays: dict, sub: Path, overrides: dict | None,
         job = "DRYRUN" if dry_run else _sbatch(script, st, len(ids))
         record["stages"][st] = dict(job_id=job, runs=[f"{st}/{i}" for i in ids], depends_on=deps, script=str(script))
 
+
 def submit_slurm(graph: dict, overrides: dict | None = None, dry_run: bool = False) -> dict:
     "Submit the graph's runs that are not done: one job array per stage. Returns the submission record."
     runs_dir = Path(graph["runs_dir"])
@@ -121,12 +159,14 @@ def submit_slurm(graph: dict, overrides: dict | None = None, dry_run: bool = Fal
     arrays = _arrays(graph)
     save_graph({**graph, "arrays": arrays}, sub / "graph.json")
     record = dict(dir=str(sub), submitted=time.strftime("%Y-%m-%dT%H:%M:%S"), stages={})
-    try: _submit_arrays(graph, arrays, sub, overrides, dry_run, record)
-    except BaseException:   # sbatch refused, or Ctrl-C: leave nothing queued and nothing that looks submitted
+    try:
+        _submit_arrays(graph, arrays, sub, overrides, dry_run, record)
+    except BaseException:  # sbatch refused, or Ctrl-C: leave nothing queued and nothing that looks submitted
         _withdraw(record, sub, made)
         raise
     atomic_write(sub / "jobs.json", json.dumps(record, indent=1))
-    if not dry_run: atomic_write(runs_dir / ".sweep" / "slurm-last.json", json.dumps(record, indent=1))
+    if not dry_run:
+        atomic_write(runs_dir / ".sweep" / "slurm-last.json", json.dumps(record, indent=1))
     return record
 
 # %% ../../nbs/05c_slurm.ipynb #b0870198
@@ -137,56 +177,75 @@ def _job_state(job_id: str) -> tuple[str, str]:
     reason = next((w.split("=", 1)[1] for w in out.split() if w.startswith("Reason=")), "")
     return state, reason
 
+
 def _last_submission(runs_dir) -> dict | None:
     "The record of the last Slurm submission to `runs_dir`, if any."
     last = Path(runs_dir) / ".sweep" / "slurm-last.json"
     return read_json(last) if last.is_file() else None
 
+
 def slurm_logs(runs_dir) -> dict:
     "{run key: its Slurm output file} for the last submission."
     rec = _last_submission(runs_dir) or dict(stages={})
-    return {key: Path(rec["dir"]) / "logs" / f"{st}-{i}.out"
-            for st, s in rec["stages"].items() for i, key in enumerate(s["runs"])}
+    return {
+        key: Path(rec["dir"]) / "logs" / f"{st}-{i}.out"
+        for st, s in rec["stages"].items()
+        for i, key in enumerate(s["runs"])
+    }
+
 
 def slurm_cancelled(runs_dir) -> dict:
     "Runs of the last Slurm submission that Slurm cancelled without running (a parent failed): {key: reason}."
     rec = _last_submission(runs_dir)
-    if rec is None or not shutil.which("scontrol"): return {}
+    if rec is None or not shutil.which("scontrol"):
+        return {}
     out = {}
     for st, s in rec["stages"].items():
         for i, key in enumerate(s["runs"]):
             stage, rid = key.split("/")
-            if run_state(runs_dir, dict(stage=stage, id=rid), verify=False) != "pending": continue
+            if run_state(runs_dir, dict(stage=stage, id=rid), verify=False) != "pending":
+                continue
             state, reason = _job_state(f"{s['job_id']}_{i}")
-            if state == "UNKNOWN": state, reason = _job_state(s["job_id"])
+            if state == "UNKNOWN":
+                state, reason = _job_state(s["job_id"])
             if state == "CANCELLED" or "DependencyNeverSatisfied" in reason:
                 out[key] = f"Slurm job {s['job_id']}_{i} {state} ({reason}): a run it depends on failed"
     return out
+
 
 def slurm_status(runs_dir, graph: dict | None = None) -> dict:
     "`dwg.pipeline.runner.status` with what the last Slurm submission knows: cancelled runs, the Slurm logs of failed ones."
     return status(runs_dir, graph, cancelled=slurm_cancelled(runs_dir), logs=slurm_logs(runs_dir))
 
-def wait_slurm(record: dict, runs_dir, poll: float = 2.0, progress: bool = True, timeout: float | None = None,
-               log_every: float = 60) -> dict:
+
+def wait_slurm(
+    record: dict,
+    runs_dir,
+    poll: float = 2.0,
+    progress: bool = True,
+    timeout: float | None = None,
+    log_every: float = 60,
+) -> dict:
     "Poll `squeue` until the submission's jobs left the queue; cancel jobs stuck on a dependency never to be met."
     jobs = [s["job_id"] for s in record["stages"].values()]
-    runs = {r.key: r for r in graph_runs(read_graph(Path(record["dir"]) / "graph.json"))}   # the graph submitted
+    runs = {r.key: r for r in graph_runs(read_graph(Path(record["dir"]) / "graph.json"))}  # the graph submitted
     keys = [k for s in record["stages"].values() for k in s["runs"]]
     bar = tqdm(total=len(keys), unit="run", desc="slurm", disable=not progress, dynamic_ncols=True)
     note, t0 = ProgressNote(bar, log_every), time.time()
     while True:
         q = _queued(jobs)
         stuck = sorted({l.split()[0].split("_")[0] for l in q if "DependencyNeverSatisfied" in l})
-        if stuck: _sh("scancel", *stuck)   # a cluster without kill_invalid_depend
+        if stuck:
+            _sh("scancel", *stuck)  # a cluster without kill_invalid_depend
         states = {k: run_state(runs_dir, runs[k], verify=False) for k in keys}
         finished = sum(s in ("done", "failed") for s in states.values())
-        if finished != bar.n or note.tty:   # logs: no repaint every poll
+        if finished != bar.n or note.tty:  # logs: no repaint every poll
             bar.n = finished
             bar.refresh()
         running = running_text(runs_dir, [runs[k] for k, s in states.items() if s == "running"])
         note.show(f"{len(q)} in the queue" + (f"; running {running}" if running else ""))
-        if not q: break
+        if not q:
+            break
         if timeout and time.time() - t0 > timeout:
             bar.close()
             raise TimeoutError(f"Slurm jobs {jobs} still queued after {timeout}s")

@@ -4,7 +4,9 @@
 
 # %% ../../nbs/04c_speed.ipynb #5e7d0003
 from __future__ import annotations
-import math, statistics, time
+import math
+import statistics
+import time
 from collections import Counter
 import torch
 from transformers import TrainerCallback
@@ -13,80 +15,122 @@ from transformers import TrainerCallback
 __all__ = ['matmul_rate', 'matmul_shape', 'linear_shapes', 'StepProducts', 'StepTimer', 'throughput', 'throughput_line']
 
 # %% ../../nbs/04c_speed.ipynb #f3a1c002
-def matmul_rate(rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5,
-                device="cpu") -> float:
+def matmul_rate(
+    rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5, device="cpu"
+) -> float:
     "FLOP/s of a timed `rows x k @ k x n` matrix multiply at `dtype` on `device` (after a warm-up)."
-    g = torch.Generator(device=device).manual_seed(0)   # its own generator: a reading leaves training's random state alone
+    g = torch.Generator(device=device).manual_seed(
+        0
+    )  # its own generator: a reading leaves training's random state alone
     a, b = (torch.randn(*shape, device=device, generator=g).to(dtype) for shape in ((rows, k), (k, n)))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    for _ in range(3): a @ b
-    sync(); t0, reps = time.perf_counter(), 0
+    for _ in range(3):
+        a @ b
+    sync()
+    t0, reps = time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
-        a @ b; reps += 1
+        a @ b
+        reps += 1
     sync()
     return 2 * rows * k * n * reps / (time.perf_counter() - t0)
+
 
 def matmul_shape(config) -> dict:
     "A model's FFN matrix-multiply shape for `matmul_rate` (the grafting bench's reading): hidden x intermediate size."
     return dict(k=config.hidden_size, n=getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
 
+
 def linear_shapes(model) -> Counter:
     "How many of `model`'s linear layers have each `(in_features, out_features)` shape (a tied output head once)."
     return Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear))
+
 
 class StepProducts:
     """A training step's matrix products alone, timed: each linear shape's forward, input-gradient and weight-gradient
     products at `rows` tokens, weighted by how many layers have it. Outputs wider than `widest` are timed on a slice of
     `widest` columns and scaled (a vocabulary head's product runs at the same rate on a sixth of its columns)."""
-    def __init__(self, shapes: Counter, rows: int, dtype=torch.float32, device="cpu", widest: int = 8192,
-                 work: float = 2e9):
-        g = torch.Generator(device=device).manual_seed(0)   # its own generator: training's random state is left alone
+
+    def __init__(
+        self, shapes: Counter, rows: int, dtype=torch.float32, device="cpu", widest: int = 8192, work: float = 2e9
+    ):
+        g = torch.Generator(device=device).manual_seed(0)  # its own generator: training's random state is left alone
         rand = lambda *shape: torch.randn(*shape, device=device, generator=g).to(dtype)
-        self.parts = []   # x, dy, w, repeats, weight of one repeat's seconds
+        self.parts = []  # x, dy, w, repeats, weight of one repeat's seconds
         for (k, n), count in shapes.items():
-            m = min(n, widest); reps = max(1, math.ceil(work / (6 * rows * k * m)))
+            m = min(n, widest)
+            reps = max(1, math.ceil(work / (6 * rows * k * m)))
             self.parts.append((rand(rows, k), rand(rows, m), rand(m, k), reps, count * n / m / reps))
         self.params = sum(k * n * count for (k, n), count in shapes.items())
         self.flops = 6 * rows * self.params
         self.sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-        self()   # warm-up
+        self()  # warm-up
 
     def __call__(self) -> float:
         "FLOP/s of one timed pass over the products."
         seconds = 0.0
         for x, dy, w, reps, weight in self.parts:
-            self.sync(); t0 = time.perf_counter()
-            for _ in range(reps): x @ w.t(); dy @ w; dy.t() @ x
-            self.sync(); seconds += weight * (time.perf_counter() - t0)
+            self.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                x @ w.t()
+                dy @ w
+                dy.t() @ x
+            self.sync()
+            seconds += weight * (time.perf_counter() - t0)
         return self.flops / seconds
+
 
 class StepTimer(TrainerCallback):
     """Seconds spent in training steps (forward, backward, optimizer step), and readings of `read` (the matmul rate):
     `ends` before training, one between steps every `every` steps (under the load the steps run under), `ends` after."""
+
     def __init__(self, read=None, every: int = 8, ends: int = 3):
         self.seconds, self._t, self.read, self.every, self.ends, self.readings = 0.0, None, read, every, ends, []
+
     def _read(self, n: int):
-        if self.read: self.readings += [self.read() for _ in range(n)]
-    def on_train_begin(self, args, state, control, **kw): self._read(self.ends)
-    def on_step_begin(self, args, state, control, **kw): self._t = time.perf_counter()
+        if self.read:
+            self.readings += [self.read() for _ in range(n)]
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._read(self.ends)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t = time.perf_counter()
+
     def on_step_end(self, args, state, control, **kw):
-        if self._t is not None: self.seconds += time.perf_counter() - self._t
-        if state.global_step % self.every == 0: self._read(1)
-    def on_train_end(self, args, state, control, **kw): self._read(self.ends)
+        if self._t is not None:
+            self.seconds += time.perf_counter() - self._t
+        if state.global_step % self.every == 0:
+            self._read(1)
+
+    def on_train_end(self, args, state, control, **kw):
+        self._read(self.ends)
+
 
 def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: list[float], dtype: str) -> dict:
     "Training tokens/s against the ceiling `median(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
-    rate = statistics.median(flops)   # the readings of a busy virtual machine spread wide: the median holds still
+    rate = statistics.median(flops)  # the readings of a busy virtual machine spread wide: the median holds still
     ceiling, tps = rate / (6 * n_params), tokens / seconds if seconds else 0.0
-    return dict(tokens=tokens, padded_tokens=padded, step_seconds=round(seconds, 2), tokens_per_s=round(tps, 1),
-                padded_tokens_per_s=round(padded / seconds, 1) if seconds else 0.0, params=n_params,
-                matmul_dtype=dtype, matmul_gflops=[round(f / 1e9, 1) for f in flops],
-                ceiling_tokens_per_s=round(ceiling, 1), ratio=round(tps / ceiling, 3),
-                padded_ratio=round(padded / seconds / ceiling, 3) if seconds else 0.0)
+    return dict(
+        tokens=tokens,
+        padded_tokens=padded,
+        step_seconds=round(seconds, 2),
+        tokens_per_s=round(tps, 1),
+        padded_tokens_per_s=round(padded / seconds, 1) if seconds else 0.0,
+        params=n_params,
+        matmul_dtype=dtype,
+        matmul_gflops=[round(f / 1e9, 1) for f in flops],
+        ceiling_tokens_per_s=round(ceiling, 1),
+        ratio=round(tps / ceiling, 3),
+        padded_ratio=round(padded / seconds / ceiling, 3) if seconds else 0.0,
+    )
+
 
 def throughput_line(t: dict) -> str:
     "One line for the training log: tokens/s, the ceiling and the ratio."
-    return (f"dwg.pipeline.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
-            f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
-            f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
-            f"{statistics.median(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul, median reading)")
+    return (
+        f"dwg.pipeline.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
+        f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
+        f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
+        f"{statistics.median(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul, median reading)"
+    )

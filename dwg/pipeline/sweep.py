@@ -4,7 +4,11 @@
 
 # %% ../../nbs/05_sweep.ipynb #ef174690
 from __future__ import annotations
-import ast, fcntl, hashlib, json, os
+import ast
+import fcntl
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import yaml
@@ -25,52 +29,92 @@ __all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATIO
 @dataclass(frozen=True)
 class Stage:
     "A sweep stage: the experiment notebook it runs and the `out_dir` it gives the notebook inside a run directory."
-    name: str
-    notebook: str             # dwg/experiments/<notebook>.ipynb
-    out: str = ""             # sub-directory passed as `out_dir` ("" = the run directory itself)
-    resumable: bool = False   # keep a partial run directory on retry: the notebook resumes from it
-    roles: tuple = ()         # model roles the stage's grafting plans may use
 
-STAGES = {s.name: s for s in [
-    Stage("datasets", "create_dataset", out="dataset"), Stage("models", "train", out="model", resumable=True),
-    Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
-    Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
-    Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
-    Stage("localize", "localize", roles=plans_mod.ROLE_SETS["position"]),   # recipient, donor
-    Stage("figures", "figures")]}
+    name: str
+    notebook: str  # dwg/experiments/<notebook>.ipynb
+    out: str = ""  # sub-directory passed as `out_dir` ("" = the run directory itself)
+    resumable: bool = False  # keep a partial run directory on retry: the notebook resumes from it
+    roles: tuple = ()  # model roles the stage's grafting plans may use
+
+
+STAGES = {
+    s.name: s
+    for s in [
+        Stage("datasets", "create_dataset", out="dataset"),
+        Stage("models", "train", out="model", resumable=True),
+        Stage("graft_positions", "graft_positions", roles=plans_mod.ROLE_SETS["position"]),
+        Stage("graft_components", "graft_components", roles=plans_mod.ROLE_SETS["components"]),
+        Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
+        Stage("localize", "localize", roles=plans_mod.ROLE_SETS["position"]),  # recipient, donor
+        Stage("figures", "figures"),
+    ]
+}
 STAGE_ORDER = list(STAGES)
-GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")   # the stages that score plans
-MODEL_SECTIONS = (*GRAFT_SECTIONS, "localize")   # the stages that read trained models
+GRAFT_SECTIONS = ("graft_positions", "graft_components", "graft_methods")  # the stages that score plans
+MODEL_SECTIONS = (*GRAFT_SECTIONS, "localize")  # the stages that read trained models
 # train.relation_model -> the facts a model role learns where not its own: all (the paper's pair: the relation model
-RELATION_TRAINING = {"all": {"relation": "all"}, "half": {}}   # learns every fact) or half (only the relation facts)
+RELATION_TRAINING = {"all": {"relation": "all"}, "half": {}}  # learns every fact) or half (only the relation facts)
 
 # %% ../../nbs/05_sweep.ipynb #c7174662
 SECTIONS = {
-    "train": dict(config="embedded", seed=0, direction="all", overrides=None, dataset_overrides=None, pairs="all",
-                  relation_model="all"),   # dataset_overrides: {dataset: {setting: value}}, on top of overrides
-    "graft_positions": dict(pairs="all", templates="all", plans="position", split="all", batch_size=64,
-                            generate=True, generated=None, max_examples=None, seed=0, reversal_plans=None),
-    "graft_components": dict(pairs="all", templates="all", plans="components", split="relation", batch_size=64,
-                             max_examples=None, seed=0),
-    "graft_methods": dict(pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None,
-                          seed=0),
-    "localize": dict(pairs="all", templates="paper", split="relation", roles=["first_actor", "last_token", "other"],
-                     components=["q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "globals"],
-                     validate_components=["attn", "ffn", "globals"], steps=8, target=0.9, max_fraction=0.05,
-                     batch_size=32, max_examples=None, bench_repeat=0, seed=0),
-    "figures": dict(k=None, per_dataset=False, k_by_dataset=None),   # per_dataset: also one figures run per dataset
+    "train": dict(
+        config="embedded",
+        seed=0,
+        direction="all",
+        overrides=None,
+        dataset_overrides=None,
+        pairs="all",
+        relation_model="all",
+    ),  # dataset_overrides: {dataset: {setting: value}}, on top of overrides
+    "graft_positions": dict(
+        pairs="all",
+        templates="all",
+        plans="position",
+        split="all",
+        batch_size=64,
+        generate=True,
+        generated=None,
+        max_examples=None,
+        seed=0,
+        reversal_plans=None,
+    ),
+    "graft_components": dict(
+        pairs="all", templates="all", plans="components", split="relation", batch_size=64, max_examples=None, seed=0
+    ),
+    "graft_methods": dict(
+        pairs="all", templates="all", plans="methods", split="all", batch_size=64, max_examples=None, seed=0
+    ),
+    "localize": dict(
+        pairs="all",
+        templates="paper",
+        split="relation",
+        roles=["first_actor", "last_token", "other"],
+        components=["q", "k", "v", "o", "gate", "up", "down", "ln1", "ln2", "globals"],
+        validate_components=["attn", "ffn", "globals"],
+        steps=8,
+        target=0.9,
+        max_fraction=0.05,
+        batch_size=32,
+        max_examples=None,
+        bench_repeat=0,
+        seed=0,
+    ),
+    "figures": dict(k=None, per_dataset=False, k_by_dataset=None),  # per_dataset: also one figures run per dataset
     "slurm": dict(partition=None, time="01:00:00", mem="8G", cpus=2, gpus=0, setup=None, extra=None, stages=None),
 }
 TOP_KEYS = ["name", "description", "jobs", "models", "datasets", *SECTIONS]
-DATASET_KEYS = dict(kind=None, n_facts=30, seed=0, facts=None, templates=None)   # facts, templates: kind custom only
+DATASET_KEYS = dict(kind=None, n_facts=30, seed=0, facts=None, templates=None)  # facts, templates: kind custom only
 SLURM_KEYS = [k for k in SECTIONS["slurm"] if k != "stages"]
+
 
 class SweepError(ValueError):
     "A problem in a sweep file, found before anything runs."
 
+
 def sweeps_dir() -> Path:
     "The package's sweep files."
     return Path(dwg.__file__).parent / "sweeps"
+
 
 def sweep_profiles() -> list[str]:
     "Names of the packaged sweep files (`--profile NAME`)."
@@ -79,19 +123,28 @@ def sweep_profiles() -> list[str]:
 # %% ../../nbs/05_sweep.ipynb #7e7afb7c
 def stage_plans(plans, stage: str, where: str) -> list[str]:
     "Plan names for `stage` from a group name or a list of plan and group names; a `SweepError` if one cannot run."
-    try: return plans_mod.resolve_plans(plans, STAGES[stage].roles, where, provider=stage)
-    except ValueError as e: raise SweepError(str(e)) from None
+    try:
+        return plans_mod.resolve_plans(plans, STAGES[stage].roles, where, provider=stage)
+    except ValueError as e:
+        raise SweepError(str(e)) from None
 
 # %% ../../nbs/05_sweep.ipynb #1f994b24
 def _problems_keys(d, allowed, where: str) -> list[str]:
     "One message naming the keys of `d` not in `allowed` (none: no message)."
-    if not isinstance(d, dict): return [f"{where} must be a mapping, got {type(d).__name__}."]
+    if not isinstance(d, dict):
+        return [f"{where} must be a mapping, got {type(d).__name__}."]
     bad = [k for k in d if k not in allowed]
-    return [f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(repr, bad))}. Valid keys: {', '.join(allowed)}."] if bad else []
+    return (
+        [f"{where}: unknown key{'s' * (len(bad) > 1)} {', '.join(map(repr, bad))}. Valid keys: {', '.join(allowed)}."]
+        if bad
+        else []
+    )
+
 
 def _pair(p, models: list, datasets: list, where: str) -> tuple:
     "One entry of `pairs:` ([model, dataset] or {model, dataset}) as a checked (model, dataset) tuple."
-    if isinstance(p, dict) and set(p) == {"model", "dataset"}: p = (p["model"], p["dataset"])
+    if isinstance(p, dict) and set(p) == {"model", "dataset"}:
+        p = (p["model"], p["dataset"])
     if not (isinstance(p, (list, tuple)) and len(p) == 2):
         raise SweepError(f"{where}: each pair must be [model, dataset] or {{model: .., dataset: ..}}, got {p!r}.")
     m, d = p
@@ -101,40 +154,55 @@ def _pair(p, models: list, datasets: list, where: str) -> tuple:
         raise SweepError(f"{where}: dataset '{d}' is not in the sweep's datasets ({', '.join(datasets)}).")
     return (m, d)
 
+
 def _pairs(value, models: list, datasets: list, where: str) -> list[tuple]:
     "A `pairs:` value -> (model, dataset) tuples."
-    if value in ("all", None): return [(m, d) for m in models for d in datasets]
-    if not isinstance(value, list): raise SweepError(f"{where}: pairs must be 'all' or a list of [model, dataset].")
+    if value in ("all", None):
+        return [(m, d) for m in models for d in datasets]
+    if not isinstance(value, list):
+        raise SweepError(f"{where}: pairs must be 'all' or a list of [model, dataset].")
     return list(dict.fromkeys(_pair(p, models, datasets, where) for p in value))
 
 # %% ../../nbs/05_sweep.ipynb #c1f52f34
 def _read_sweep(sweep) -> tuple[dict, str]:
     "The raw mapping of a sweep (profile name, path or dict) and where it came from."
-    if isinstance(sweep, dict): return sweep, "the sweep"
+    if isinstance(sweep, dict):
+        return sweep, "the sweep"
     p = Path(sweep)
     if not p.suffix and not p.exists():
         if str(sweep) not in sweep_profiles():
-            raise SweepError(f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; or a YAML file.")
+            raise SweepError(
+                f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; or a YAML file."
+            )
         p = sweeps_dir() / f"{sweep}.yaml"
-    if (why := file_problem(p, "Sweep file")): raise SweepError(why)
-    try: raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e: raise SweepError(f"Sweep file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(raw, dict): raise SweepError(f"Sweep file '{p}' must hold a mapping at the top level.")
+    if why := file_problem(p, "Sweep file"):
+        raise SweepError(why)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"Sweep file '{p}' is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"Sweep file '{p}' must hold a mapping at the top level.")
     return {"name": p.stem, **raw}, str(p)
+
 
 def sweep_name(sweep) -> str:
     "The name of a sweep (profile name, path or dict) without checking it."
     return _read_sweep(sweep)[0].get("name") or "sweep"
 
+
 def _check_models(models, problems):
     "Model names must be known to dwg.science.models, hub ids (org/name) or existing paths."
-    from dwg.science.models import available   # torch: loaded only when a sweep file is checked
+    from dwg.science.models import available  # torch: loaded only when a sweep file is checked
+
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
         problems.append("models: must be a non-empty list of model names.")
         return
     for m in models:
         if m not in available() and "/" not in m and not Path(m).exists():
-            problems.append(f"models: unknown model '{m}'. Known: {', '.join(available())}; or a hub id or a local path.")
+            problems.append(
+                f"models: unknown model '{m}'. Known: {', '.join(available())}; or a hub id or a local path."
+            )
 
 # %% ../../nbs/05_sweep.ipynb #6b0d2a11
 def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | None:
@@ -144,31 +212,46 @@ def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | No
             problems.append(f"{where}: kind custom needs '{key}:', a path (relative to the sweep file).")
             return None
         spec[key] = str((base / Path(spec[key]).expanduser()).resolve())
-    try: rows, tpl = custom.load_custom(spec["facts"], spec["templates"])
-    except (OSError, ValueError) as e: problems.append(f"{where}: {e}"); return None
+    try:
+        rows, tpl = custom.load_custom(spec["facts"], spec["templates"])
+    except (OSError, ValueError) as e:
+        problems.append(f"{where}: {e}")
+        return None
     spec["eval_templates"] = list(tpl["eval"])
     return len(rows)
+
 
 def _check_dataset(name: str, spec, problems: list, base: Path = Path(".")) -> dict | None:
     "One dataset spec with defaults filled in, or None (and its problems appended)."
     where, kinds = f"datasets.{name}", (*data.KINDS, custom.CUSTOM_KIND)
-    if (bad := _problems_keys(spec, DATASET_KEYS, where)):
+    if bad := _problems_keys(spec, DATASET_KEYS, where):
         problems.extend(bad)
         return None
-    spec = {**DATASET_KEYS, **spec, **({} if "n_facts" in spec else {"n_facts": "max"} if spec.get("kind") == "custom" else {})}
+    spec = {
+        **DATASET_KEYS,
+        **spec,
+        **({} if "n_facts" in spec else {"n_facts": "max"} if spec.get("kind") == "custom" else {}),
+    }
     if spec["kind"] not in kinds:
         problems.append(f"{where}: unknown kind {spec['kind']!r}. Valid kinds: {', '.join(kinds)}.")
         return None
     if spec["kind"] != custom.CUSTOM_KIND and (extra := [k for k in ("facts", "templates") if spec[k] is not None]):
         problems.append(f"{where}: {', '.join(extra)} only go with kind custom (your own facts).")
         return None
-    mx = data.max_facts(spec["kind"]) if spec["kind"] != custom.CUSTOM_KIND else _custom_spec(spec, where, base, problems)
-    if mx is None: return None
-    if spec["n_facts"] == "max": spec["n_facts"] = mx
+    mx = (
+        data.max_facts(spec["kind"])
+        if spec["kind"] != custom.CUSTOM_KIND
+        else _custom_spec(spec, where, base, problems)
+    )
+    if mx is None:
+        return None
+    if spec["n_facts"] == "max":
+        spec["n_facts"] = mx
     if not isinstance(spec["n_facts"], int) or not 2 <= spec["n_facts"] <= mx:
         problems.append(f"{where}: n_facts must be an integer in [2, {mx}] or 'max', got {spec['n_facts']!r}.")
         return None
     return spec
+
 
 def _check_datasets(datasets, problems, base: Path = Path(".")) -> dict:
     "Dataset specs: kind, n_facts (an int or 'max'), seed; for kind custom also facts and templates (files)."
@@ -178,63 +261,90 @@ def _check_datasets(datasets, problems, base: Path = Path(".")) -> dict:
     specs = {name: _check_dataset(name, spec, problems, base) for name, spec in datasets.items()}
     return {name: spec for name, spec in specs.items() if spec is not None}
 
+
 def _check_templates(templates, where, problems, datasets: dict | None = None):
     "'all', 'paper' (the paper's four evaluation prompts) or a list of names each of the `datasets` has."
-    if templates == "all": return "all"
-    if templates == "paper": templates = list(data.PAPER_EVAL_TEMPLATES)
+    if templates == "all":
+        return "all"
+    if templates == "paper":
+        templates = list(data.PAPER_EVAL_TEMPLATES)
     if not isinstance(templates, list) or not templates:
         problems.append(f"{where}: templates must be 'all', 'paper' or a list of template names.")
         return templates
     for name, d in (datasets or {"": {}}).items():
         have = d.get("eval_templates") or list(data.EVAL_TEMPLATES)
-        if (bad := [t for t in templates if t not in have]):
-            problems.append(f"{where}: unknown template(s) {bad}{f' for dataset {name!r}' if name else ''}. Valid: "
-                            f"{', '.join(have)}; or 'all'.")
+        if bad := [t for t in templates if t not in have]:
+            problems.append(
+                f"{where}: unknown template(s) {bad}{f' for dataset {name!r}' if name else ''}. Valid: "
+                f"{', '.join(have)}; or 'all'."
+            )
     return templates
+
 
 def _check_grafting_options(sec: dict, where: str, problems: list):
     "Problems with a grafting section's split, generation and size settings (each names the valid values)."
     if sec["split"] not in ("all", "task", "relation"):
         problems.append(f"{where}.split must be all, task or relation, got {sec['split']!r}.")
     if sec.get("generated") not in (None, "base", "last_token"):
-        problems.append(f"{where}.generated must be base or last_token (what generated tokens use), got {sec['generated']!r}.")
+        problems.append(
+            f"{where}.generated must be base or last_token (what generated tokens use), got {sec['generated']!r}."
+        )
     if not isinstance(gen := sec.get("generate", False), bool) and not plans_mod.among(gen, sec["plans"]):
-        problems.append(f"{where}.generate must be true, false or a list of the section's plans and plan groups "
-                        f"(those also decode the whole name), got {gen!r}.")
+        problems.append(
+            f"{where}.generate must be true, false or a list of the section's plans and plan groups "
+            f"(those also decode the whole name), got {gen!r}."
+        )
     for key, low in (("batch_size", 1), ("max_examples", 0), ("seed", 0)):
         v = sec.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
             problems.append(f"{where}.{key} must be an integer >= {low}, got {v!r}.")
-    if (rev := sec.get("reversal_plans")) is not None and (not isinstance(rev, list) or not set(rev) <= set(sec["plans"])):
-        problems.append(f"{where}.reversal_plans must be a list of the section's plans (also scored on B2A prompts), got {rev!r}.")
+    if (rev := sec.get("reversal_plans")) is not None and (
+        not isinstance(rev, list) or not set(rev) <= set(sec["plans"])
+    ):
+        problems.append(
+            f"{where}.reversal_plans must be a list of the section's plans (also scored on B2A prompts), got {rev!r}."
+        )
 
 # %% ../../nbs/05_sweep.ipynb #feab02bb
 def _check_train(train: dict, problems: list, datasets: list):
     "The training profile exists and loads, the overrides apply to it (dwg.pipeline.train's checks), the direction is known."
     do = train["dataset_overrides"] or {}
     if not isinstance(do, dict) or not set(do) <= set(datasets) or not all(isinstance(v, dict) for v in do.values()):
-        problems.append(f"train.dataset_overrides must map dataset names ({', '.join(datasets)}) to settings, e.g. "
-                        f"{{{datasets[0]}: {{min_steps: 144}}}}, got {do!r}."); do = {}
-    train["dataset_overrides"] = do   # checked (or emptied once its problem is noted): _overrides reads it
-    from dwg.pipeline import config   # transformers: loaded only when a sweep file is checked
+        problems.append(
+            f"train.dataset_overrides must map dataset names ({', '.join(datasets)}) to settings, e.g. "
+            f"{{{datasets[0]}: {{min_steps: 144}}}}, got {do!r}."
+        )
+        do = {}
+    train["dataset_overrides"] = do  # checked (or emptied once its problem is noted): _overrides reads it
+    from dwg.pipeline import config  # transformers: loaded only when a sweep file is checked
+
     cfg, path = train["config"], config.profile_path(train["config"])
     if path is None:
-        problems.append(f"train.config: unknown training profile {cfg!r}. "
-                        f"Profiles: {', '.join(config.training_profiles())}; or a YAML path.")
+        problems.append(
+            f"train.config: unknown training profile {cfg!r}. "
+            f"Profiles: {', '.join(config.training_profiles())}; or a YAML path."
+        )
     if train["overrides"] is not None and not isinstance(train["overrides"], dict):
         problems.append("train.overrides must be a mapping of training profile settings, e.g. {epochs: 2}.")
-    elif path is not None:   # the profile's own settings, then the overrides on top
-        try: profile = config.load_profile(str(path))
-        except (ValueError, TypeError) as e: problems.append(f"train.config: {e}")
+    elif path is not None:  # the profile's own settings, then the overrides on top
+        try:
+            profile = config.load_profile(str(path))
+        except (ValueError, TypeError) as e:
+            problems.append(f"train.config: {e}")
         else:
             for d in [None, *do]:
-                try: config.resolve_config(profile, _overrides(train, d))
-                except (ValueError, TypeError) as e: problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
+                try:
+                    config.resolve_config(profile, _overrides(train, d))
+                except (ValueError, TypeError) as e:
+                    problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
     if train["relation_model"] not in RELATION_TRAINING:
-        problems.append(f"train.relation_model must be all (the paper's pair: the relation model learns every fact) "
-                        f"or half (only the relation facts), got {train['relation_model']!r}.")
+        problems.append(
+            f"train.relation_model must be all (the paper's pair: the relation model learns every fact) "
+            f"or half (only the relation facts), got {train['relation_model']!r}."
+        )
+
 
 def _read_sections(raw: dict, problems: list) -> dict:
     "Each section of a raw sweep with its defaults filled in (None: the section is off)."
@@ -242,53 +352,80 @@ def _read_sections(raw: dict, problems: list) -> dict:
     for sec, defaults in SECTIONS.items():
         val = raw.get(sec, {} if sec in ("train", "slurm") else None)
         val = {} if val is True else val
-        if val is None or val is False: out[sec] = None
-        elif (bad := _problems_keys(val, defaults, sec)): problems.extend(bad)
-        else: out[sec] = {**defaults, **val}
+        if val is None or val is False:
+            out[sec] = None
+        elif bad := _problems_keys(val, defaults, sec):
+            problems.extend(bad)
+        else:
+            out[sec] = {**defaults, **val}
     return out
+
 
 def _check_sections(s: dict, problems: list):
     "Problems across the sections: grafting without training, plans, templates, options, training, Slurm stages."
     if s["train"] is None and any(s[sec] for sec in MODEL_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
     for sec in GRAFT_SECTIONS:
-        if not s[sec]: continue
-        try: s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
-        except SweepError as e: problems.append(str(e))
-        try: covered = {d for _, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
-        except SweepError: covered = set(s["datasets"])   # a bad pair's own error comes when the graph is expanded
-        s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems,
-                                               {d: v for d, v in s["datasets"].items() if d in covered})
+        if not s[sec]:
+            continue
+        try:
+            s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
+        except SweepError as e:
+            problems.append(str(e))
+        try:
+            covered = {d for _, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
+        except SweepError:
+            covered = set(s["datasets"])  # a bad pair's own error comes when the graph is expanded
+        s[sec]["templates"] = _check_templates(
+            s[sec]["templates"], f"{sec}.templates", problems, {d: v for d, v in s["datasets"].items() if d in covered}
+        )
         _check_grafting_options(s[sec], sec, problems)
     if s["localize"]:
         s["localize"]["templates"] = _check_templates(s["localize"]["templates"], "localize.templates", problems)
         _check_grafting_options(s["localize"], "localize", problems)
-    if s["train"]: _check_train(s["train"], problems, list(s["datasets"]))
+    if s["train"]:
+        _check_train(s["train"], problems, list(s["datasets"]))
     kd = (s["figures"] or {}).get("k_by_dataset") or {}
-    if not isinstance(kd, dict) or any(d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()):
-        problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}.")
-    if kd and not s["figures"].get("per_dataset"): problems.append("figures.k_by_dataset needs per_dataset: true.")
+    if not isinstance(kd, dict) or any(
+        d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()
+    ):
+        problems.append(
+            f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}."
+        )
+    if kd and not s["figures"].get("per_dataset"):
+        problems.append("figures.k_by_dataset needs per_dataset: true.")
     if s["slurm"]:
         stages = s["slurm"]["stages"] or {}
         problems += _problems_keys(stages, STAGE_ORDER, "slurm.stages")
-        for k, v in stages.items(): problems += _problems_keys(v, SLURM_KEYS, f"slurm.stages.{k}")
+        for k, v in stages.items():
+            problems += _problems_keys(v, SLURM_KEYS, f"slurm.stages.{k}")
+
 
 def _raise_problems(source: str, problems: list):
-    if problems: raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+    if problems:
+        raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
+
 
 def load_sweep(sweep) -> dict:
     "A validated sweep with defaults filled in, from a profile name, a YAML path or a dict."
     raw, source = _read_sweep(sweep)
     problems = _problems_keys(raw, TOP_KEYS, "top level")
-    if problems: raise SweepError(f"{source}: " + " ".join(problems))
-    s = dict(name=str(raw.get("name") or "sweep"), description=raw.get("description") or "", source=source,
-             jobs=raw.get("jobs", 1))
+    if problems:
+        raise SweepError(f"{source}: " + " ".join(problems))
+    s = dict(
+        name=str(raw.get("name") or "sweep"),
+        description=raw.get("description") or "",
+        source=source,
+        jobs=raw.get("jobs", 1),
+    )
     if not isinstance(s["jobs"], int) or s["jobs"] < 1:
         problems.append(f"jobs: must be an integer >= 1, got {s['jobs']!r}.")
     problems += [f"'{key}' is missing." for key in ("models", "datasets") if key not in raw]
     _check_models(raw.get("models"), problems)
     s["models"] = list(raw.get("models") or [])
-    base = Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")   # custom facts: relative to the sweep file
+    base = (
+        Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")
+    )  # custom facts: relative to the sweep file
     s["datasets"] = _check_datasets(raw.get("datasets"), problems, base)
     s.update(_read_sections(raw, problems))
     _raise_problems(source, problems)
@@ -300,18 +437,23 @@ def load_sweep(sweep) -> dict:
 @dataclass
 class Run:
     "One run: a stage's notebook with resolved parameters. Inputs appear in `params` as '@stage/id' references."
+
     stage: str
     id: str
     label: str
     params: dict
     inputs: list = field(default_factory=list)
+
     @property
-    def key(self) -> str: return f"{self.stage}/{self.id}"
+    def key(self) -> str:
+        return f"{self.stage}/{self.id}"
+
 
 def run_id(stage: str, params: dict, extra=None) -> str:
     "A stable short hash of a stage, its parameters (with input references) and anything else deciding its output."
     blob = json.dumps(dict(stage=stage, params=params, extra=extra), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
 
 def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
     "A run whose id hashes its stage, parameters, inputs and `extra`."
@@ -324,61 +466,88 @@ def _overrides(t: dict, dataset: str | None = None) -> dict | None:
     "The training overrides of the train section `t`, with `dataset`'s own (dataset_overrides) on top; None: none."
     return {**(t["overrides"] or {}), **((t["dataset_overrides"] or {}).get(dataset) or {})} or None
 
+
 def _needed_models(s: dict, names: list) -> dict:
     "(model, dataset) -> the training splits the grafting sections need."
-    need, split = {}, lambda sec: [s[sec]["split"] if s[sec] else "all"]   # SFT: on the facts it is tested on
-    for sec, splits in (("graft_positions", split("graft_positions")), ("graft_components", ["task", "relation"]),
-                        ("graft_methods", split("graft_methods")), ("localize", split("localize"))):
+    need, split = {}, lambda sec: [s[sec]["split"] if s[sec] else "all"]  # SFT: on the facts it is tested on
+    for sec, splits in (
+        ("graft_positions", split("graft_positions")),
+        ("graft_components", ["task", "relation"]),
+        ("graft_methods", split("graft_methods")),
+        ("localize", split("localize")),
+    ):
         if s[sec]:
             for pair in _pairs(s[sec]["pairs"], s["models"], names, f"{sec}.pairs"):
                 need.setdefault(pair, []).extend(splits)
     return need
 
+
 def _model_runs(s: dict, ds: dict) -> dict:
     "(model, dataset, split) -> the training run, for every model a grafting section needs."
     names = list(s["datasets"])
     need, t = _needed_models(s, names), s["train"]
-    if not t: return {}
+    if not t:
+        return {}
     trained = _pairs(t["pairs"], s["models"], names, "train.pairs")
-    if (missing := [p for p in need if p not in trained]):
-        raise SweepError("No trained model for " + ", ".join(f"model '{m}' on dataset '{d}'" for m, d in missing)
-                         + ": train.pairs only fine-tunes "
-                         + (", ".join(f"[{m}, {d}]" for m, d in trained) or "nothing")
-                         + ". Add the pair to train.pairs (or 'all'), or remove it from the grafting section's pairs.")
-    from dwg.pipeline.config import profile_content   # transformers: loaded only when a sweep is expanded
-    models, trains_on = {}, RELATION_TRAINING[t["relation_model"]]   # the facts each model role learns
+    if missing := [p for p in need if p not in trained]:
+        raise SweepError(
+            "No trained model for "
+            + ", ".join(f"model '{m}' on dataset '{d}'" for m, d in missing)
+            + ": train.pairs only fine-tunes "
+            + (", ".join(f"[{m}, {d}]" for m, d in trained) or "nothing")
+            + ". Add the pair to train.pairs (or 'all'), or remove it from the grafting section's pairs."
+        )
+    from dwg.pipeline.config import profile_content  # transformers: loaded only when a sweep is expanded
+
+    models, trains_on = {}, RELATION_TRAINING[t["relation_model"]]  # the facts each model role learns
     for (m, d), splits in need.items():
         extra = profile_content(t["config"], _overrides(t, d))
         for split in dict.fromkeys(splits):
             role = {"all": "sft", "task": "task", "relation": "relation"}[split]
-            p = dict(model=m, dataset_dir=f"@{ds[d].key}", direction=t["direction"], split=trains_on.get(split, split),
-                     config=t["config"], overrides=_overrides(t, d), seed=t["seed"])
+            p = dict(
+                model=m,
+                dataset_dir=f"@{ds[d].key}",
+                direction=t["direction"],
+                split=trains_on.get(split, split),
+                config=t["config"],
+                overrides=_overrides(t, d),
+                seed=t["seed"],
+            )
             models[(m, d, split)] = _make("models", f"{m}:{d}:{role}", p, [ds[d].key], extra)
     return models
+
 
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section and (model, dataset) pair."
     grafts = []
     for sec in MODEL_SECTIONS:
-        if not s[sec]: continue
+        if not s[sec]:
+            continue
         opts = {k: v for k, v in s[sec].items() if k != "pairs"}
         for m, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs"):
-            if sec != "graft_components":   # with split: relation, the SFT model is the relation model
+            if sec != "graft_components":  # with split: relation, the SFT model is the relation model
                 ins = [models[(m, d, s[sec]["split"])]]
                 p = dict(pretrained=m, finetuned=f"@{ins[0].key}", dataset_dir=f"@{ds[d].key}", **opts)
             else:
                 ins = [models[(m, d, "task")], models[(m, d, "relation")]]
-                p = dict(pretrained=m, task=f"@{ins[0].key}", relation=f"@{ins[1].key}",
-                         dataset_dir=f"@{ds[d].key}", **opts)
+                p = dict(
+                    pretrained=m, task=f"@{ins[0].key}", relation=f"@{ins[1].key}", dataset_dir=f"@{ds[d].key}", **opts
+                )
             grafts.append(_make(sec, f"{m}:{d}", p, [ds[d].key] + [r.key for r in ins]))
     return grafts
 
+
 def _dataset_run(name: str, d: dict) -> Run:
     "The dataset run of one spec; its id hashes what decides the data (a custom dataset's files' content, not where they are)."
-    r = _make("datasets", name, dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]),
-              extra=data.source_fingerprint(d["kind"], d["facts"], d["templates"]))
+    r = _make(
+        "datasets",
+        name,
+        dict(kind=d["kind"], n_facts=d["n_facts"], seed=d["seed"]),
+        extra=data.source_fingerprint(d["kind"], d["facts"], d["templates"]),
+    )
     r.params.update({k: d[k] for k in ("facts", "templates") if d[k]})
     return r
+
 
 def expand(sweep) -> list[Run]:
     "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures."
@@ -390,16 +559,20 @@ def expand(sweep) -> list[Run]:
     if f and (drawn := [g for g in grafts if g.stage in GRAFT_SECTIONS]):
         keys, opts = [g.key for g in drawn], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
         figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **opts), keys))
-        for d in s["datasets"] if f["per_dataset"] else []:   # one more figures run per dataset, with its own k
+        for d in s["datasets"] if f["per_dataset"] else []:  # one more figures run per dataset, with its own k
             mine = [g.key for g in drawn if g.params["dataset_dir"] == f"@{ds[d].key}"]
             k = (f["k_by_dataset"] or {}).get(d, f["k"])
-            if mine: figs.append(_make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine))
+            if mine:
+                figs.append(
+                    _make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine)
+                )
     runs = [*ds.values(), *models.values(), *grafts, *figs]
-    return list({r.key: r for r in runs}.values())   # identical runs (same id) collapse into one
+    return list({r.key: r for r in runs}.values())  # identical runs (same id) collapse into one
 
 # %% ../../nbs/05_sweep.ipynb #a4494c77
 STATES = ("done", "corrupt", "running", "failed", "interrupted", "pending")
-PROGRESS = "progress.txt"   # in a running run's directory: the notebook's last progress line (dwg.runs.report_progress)
+PROGRESS = "progress.txt"  # in a running run's directory: the notebook's last progress line (dwg.runs.report_progress)
+
 
 def run_paths(runs_dir, run) -> dict:
     "The final, temporary, lock, log and progress paths of `run` (a Run or a dict) under `runs_dir`."
@@ -407,80 +580,122 @@ def run_paths(runs_dir, run) -> dict:
     base, meta = Path(runs_dir) / stage, Path(runs_dir) / ".sweep"
     final, tmp = base / rid, base / f"{rid}.tmp"
     out = STAGES[stage].out
-    return dict(final=final, tmp=tmp, out=final / out if out else final, tmp_out=tmp / out if out else tmp,
-                lock=meta / "locks" / f"{stage}-{rid}.lock", log=meta / "logs" / f"{stage}-{rid}.log",
-                notebook=tmp / "notebook.ipynb", progress=tmp / PROGRESS)
+    return dict(
+        final=final,
+        tmp=tmp,
+        out=final / out if out else final,
+        tmp_out=tmp / out if out else tmp,
+        lock=meta / "locks" / f"{stage}-{rid}.lock",
+        log=meta / "logs" / f"{stage}-{rid}.log",
+        notebook=tmp / "notebook.ipynb",
+        progress=tmp / PROGRESS,
+    )
+
 
 def is_done(runs_dir, run) -> bool:
     "Whether `run` finished (its run record is in the final directory); its outputs are not checked."
     return is_finished(run_paths(runs_dir, run)["out"])
 
+
 def _locked(path: Path) -> bool:
     "Whether another process holds the lock file `path`."
-    if not path.exists(): return False
+    if not path.exists():
+        return False
     with open(path) as f:
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError: return True
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
         fcntl.flock(f, fcntl.LOCK_UN)
     return False
 
+
 def _failed_kind(failed: Path) -> str:
     "'interrupted' or 'failed', as a run's FAILED file says."
-    try: return "interrupted" if json.loads(failed.read_text())["kind"] == "interrupted" else "failed"
-    except (ValueError, KeyError): return "failed"
+    try:
+        return "interrupted" if json.loads(failed.read_text())["kind"] == "interrupted" else "failed"
+    except (ValueError, KeyError):
+        return "failed"
+
 
 def run_state(runs_dir, run, verify: bool = True) -> str:
     "One of `STATES` for `run`, read from the file system (`verify`: a finished run's outputs are checked too)."
     p = run_paths(runs_dir, run)
-    if is_finished(p["out"]): return "corrupt" if verify and check_outputs(p["out"]) else "done"
-    if _locked(p["lock"]): return "running"
-    if (p["tmp"] / "FAILED").exists(): return _failed_kind(p["tmp"] / "FAILED")
-    if p["tmp"].exists(): return "interrupted"
+    if is_finished(p["out"]):
+        return "corrupt" if verify and check_outputs(p["out"]) else "done"
+    if _locked(p["lock"]):
+        return "running"
+    if (p["tmp"] / "FAILED").exists():
+        return _failed_kind(p["tmp"] / "FAILED")
+    if p["tmp"].exists():
+        return "interrupted"
     return "pending"
 
 # %% ../../nbs/05_sweep.ipynb #8d023989
 def default_notebooks_dir() -> Path:
     "The experiment notebooks shipped with the package (dwg/experiments), or $DWG_NOTEBOOKS."
-    if os.environ.get("DWG_NOTEBOOKS"): return Path(os.environ["DWG_NOTEBOOKS"])
+    if os.environ.get("DWG_NOTEBOOKS"):
+        return Path(os.environ["DWG_NOTEBOOKS"])
     return Path(dwg.__file__).resolve().parent / "experiments"
+
 
 def notebook_parameters(path) -> dict:
     "The names and default values (source text) assigned in a notebook's `parameters` cell."
     nb = json.loads(Path(path).read_text())
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     if not cells:
-        raise SweepError(f"{path} has no cell tagged 'parameters': papermill would ignore the sweep's values. Tag "
-                         "the cell (and keep `allowed_cell_metadata_keys = tags` in settings.ini so nbdev_clean "
-                         "keeps it).")
+        raise SweepError(
+            f"{path} has no cell tagged 'parameters': papermill would ignore the sweep's values. Tag "
+            "the cell (and keep `allowed_cell_metadata_keys = tags` in settings.ini so nbdev_clean "
+            "keeps it)."
+        )
     src = "\n".join(l for l in "".join(cells[0]["source"]).splitlines() if not l.lstrip().startswith(("%", "!")))
     tree = ast.parse(src)
-    return {t.id: ast.get_source_segment(src, n.value) for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    return {
+        t.id: ast.get_source_segment(src, n.value)
+        for n in tree.body
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Name)
+    }
+
 
 def papermill_parameters(path) -> list[str]:
     "The parameter names papermill itself reads from a notebook's `parameters` cell."
-    import papermill   # heavy (nbconvert, jupyter): only needed to check and run notebooks
+    import papermill  # heavy (nbconvert, jupyter): only needed to check and run notebooks
+
     return list(papermill.inspect_notebook(str(path)))
+
 
 def _notebook_problem(stage: str, runs: list[Run], nb: Path) -> str | None:
     "Why `nb` cannot run `stage`'s runs, or None."
-    if not nb.is_file(): return f"{stage}: notebook {nb} does not exist (set --notebooks or $DWG_NOTEBOOKS)."
-    try: have = notebook_parameters(nb)
-    except SweepError as e: return str(e)
+    if not nb.is_file():
+        return f"{stage}: notebook {nb} does not exist (set --notebooks or $DWG_NOTEBOOKS)."
+    try:
+        have = notebook_parameters(nb)
+    except SweepError as e:
+        return str(e)
     passed = {k for r in runs if r.stage == stage for k in r.params} | {"out_dir"}
-    if (missing := sorted(passed - set(have))):
-        return (f"{stage}: the sweep passes {missing} but the parameters cell of {nb} does not define "
-                f"{'it' if len(missing) == 1 else 'them'} (it defines {sorted(have)}).")
-    if (unseen := sorted(set(have) - set(papermill_parameters(nb)))):
-        return (f"{stage}: papermill cannot read the parameter(s) {unseen} in {nb} (it skips a line with more "
-                "than one '='); keep one assignment per line and no '=' in its comment.")
+    if missing := sorted(passed - set(have)):
+        return (
+            f"{stage}: the sweep passes {missing} but the parameters cell of {nb} does not define "
+            f"{'it' if len(missing) == 1 else 'them'} (it defines {sorted(have)})."
+        )
+    if unseen := sorted(set(have) - set(papermill_parameters(nb))):
+        return (
+            f"{stage}: papermill cannot read the parameter(s) {unseen} in {nb} (it skips a line with more "
+            "than one '='); keep one assignment per line and no '=' in its comment."
+        )
     return None
+
 
 def check_notebooks(runs: list[Run], notebooks_dir) -> None:
     "Raise a `SweepError` unless every stage's notebook exists and defines every parameter its runs pass."
-    problems = [_notebook_problem(stage, runs, Path(notebooks_dir) / f"{STAGES[stage].notebook}.ipynb")
-                for stage in dict.fromkeys(r.stage for r in runs)]
-    if (problems := [p for p in problems if p]):
+    problems = [
+        _notebook_problem(stage, runs, Path(notebooks_dir) / f"{STAGES[stage].notebook}.ipynb")
+        for stage in dict.fromkeys(r.stage for r in runs)
+    ]
+    if problems := [p for p in problems if p]:
         raise SweepError("Experiment notebooks do not fit the sweep:\n  - " + "\n  - ".join(problems))
 
 # %% ../../nbs/05_sweep.ipynb #5d616b87
@@ -490,31 +705,47 @@ def make_graph(sweep, runs_dir, notebooks_dir=None) -> dict:
     runs = expand(s)
     nbd = Path(notebooks_dir or default_notebooks_dir()).resolve()
     check_notebooks(runs, nbd)
-    return dict(version=1, sweep=s["name"], source=s["source"], runs_dir=str(Path(runs_dir).resolve()),
-                notebooks=str(nbd), jobs=s["jobs"], slurm=s["slurm"], runs=[asdict(r) for r in runs])
+    return dict(
+        version=1,
+        sweep=s["name"],
+        source=s["source"],
+        runs_dir=str(Path(runs_dir).resolve()),
+        notebooks=str(nbd),
+        jobs=s["jobs"],
+        slurm=s["slurm"],
+        runs=[asdict(r) for r in runs],
+    )
+
 
 def graph_runs(graph: dict) -> list[Run]:
     "The runs of a graph dict."
     return [Run(**r) for r in graph["runs"]]
 
+
 def save_graph(graph: dict, path=None) -> Path:
     "Write `graph` (default: `<runs>/sweep.json`)."
     return atomic_write(path or Path(graph["runs_dir"]) / "sweep.json", json.dumps(graph, indent=1))
 
+
 def read_graph(path) -> dict:
     "Read a graph file (or `<dir>/sweep.json` for a runs directory)."
     p = Path(path)
-    if p.suffix != ".json": p = p / "sweep.json"
-    if not p.is_file(): raise SweepError(f"No sweep graph at {p}: nothing was run with --runs {p.parent} yet.")
+    if p.suffix != ".json":
+        p = p / "sweep.json"
+    if not p.is_file():
+        raise SweepError(f"No sweep graph at {p}: nothing was run with --runs {p.parent} yet.")
     return read_json(p)
 
 
 def resolve_params(run: Run, runs_dir) -> dict:
     "Notebook parameters with '@stage/id' references replaced by the inputs' output directories."
+
     def res(v):
-        if isinstance(v, str) and v == "@runs": return str(Path(runs_dir))
+        if isinstance(v, str) and v == "@runs":
+            return str(Path(runs_dir))
         if isinstance(v, str) and v.startswith("@") and "/" in v:
             stage, rid = v[1:].split("/", 1)
             return str(run_paths(runs_dir, dict(stage=stage, id=rid))["out"])
         return v
+
     return {k: res(v) for k, v in run.params.items()}

@@ -4,10 +4,21 @@
 
 # %% ../../nbs/04_train.ipynb #56b781ff
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, os, random, shutil, statistics, sys, time, warnings
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+import warnings
 from pathlib import Path
-import pandas as pd
-import torch, yaml
+import torch
+import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from ..science import models
@@ -16,8 +27,15 @@ from .config import TrainConfig, general_texts, resolve_config, training_profile
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from .speed import StepProducts, StepTimer, linear_shapes, throughput, throughput_line
 from ..science.evaluate import first_token_scores, top_k
-from ..runs import TRAIN_SUMMARY, atomic_write, has_train_summary, publish_dir, read_jsonl, report_progress, \
-    reusing_freed_memory
+from dwg.runs import (
+    TRAIN_SUMMARY,
+    atomic_write,
+    has_train_summary,
+    publish_dir,
+    read_jsonl,
+    report_progress,
+    reusing_freed_memory,
+)
 
 # %% auto #0
 __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
@@ -29,81 +47,112 @@ __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_ha
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX) and torch may use it: with `ATEN_CPU_CAPABILITY=avx2`
     (and `ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`) an AVX512 machine trains as an AVX2-only one would."""
-    if not any(isa in torch.backends.cpu.get_cpu_capability() for isa in ("AVX512", "AMX")): return False
-    try: return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError: return False
+    if not any(isa in torch.backends.cpu.get_cpu_capability() for isa in ("AVX512", "AMX")):
+        return False
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return False
+
 
 def resolve_precision(precision: str, device_type: str) -> str:
     "The autocast precision (`bf16`, `fp16` or `fp32`) to use for `precision` on a `cpu` or `cuda` device."
-    if precision == "fp32": return "fp32"
+    if precision == "fp32":
+        return "fp32"
     if device_type == "cuda":
-        if precision == "fp16": return "fp16"
+        if precision == "fp16":
+            return "fp16"
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if precision == "fp16":
         warnings.warn("fp16 autocast needs a GPU; on CPU using 'auto' instead (bf16 if supported, else fp32).")
-    if precision == "bf16": return "bf16"
+    if precision == "bf16":
+        return "bf16"
     return "bf16" if cpu_has_bf16() else "fp32"
 
 # %% ../../nbs/04_train.ipynb #4f0c1275
-TRAIN_DIRECTIONS = ("all", *DIRECTIONS)   # the texts a run trains on: both directions of its facts, or one
-TRAIN_SPLITS = ("all", *FACT_SPLITS)      # the facts it trains on: all (the SFT model), task or relation
+TRAIN_DIRECTIONS = ("all", *DIRECTIONS)  # the texts a run trains on: both directions of its facts, or one
+TRAIN_SPLITS = ("all", *FACT_SPLITS)  # the facts it trains on: all (the SFT model), task or relation
 REQUIRED_DATASET_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", "eval.jsonl")
+
 
 def check_dataset_dir(dataset_dir: os.PathLike) -> Path:
     "The dataset directory as a Path, or a clear error if it or one of its files is missing."
     path = Path(dataset_dir)
     fix = "Create it with dwg.science.data.create_dataset(...) or dwg/experiments/create_dataset.ipynb."
-    if not path.is_dir(): raise FileNotFoundError(f"Dataset directory '{path}' does not exist. {fix}")
+    if not path.is_dir():
+        raise FileNotFoundError(f"Dataset directory '{path}' does not exist. {fix}")
     missing = [f for f in REQUIRED_DATASET_FILES if not (path / f).is_file()]
-    if missing: raise FileNotFoundError(f"Dataset directory '{path}' lacks {', '.join(missing)}: not a finished dataset. {fix}")
+    if missing:
+        raise FileNotFoundError(f"Dataset directory '{path}' lacks {', '.join(missing)}: not a finished dataset. {fix}")
     return path
+
 
 def select_rows(rows: list[dict], direction: str = "all", split: str = "all") -> list[dict]:
     "The rows of the given `direction` (A2B, B2A, all) and fact `split` (task, relation, all)."
     if direction not in TRAIN_DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(TRAIN_DIRECTIONS)}; got {direction!r}.")
-    if split not in TRAIN_SPLITS: raise ValueError(f"split must be one of {', '.join(TRAIN_SPLITS)}; got {split!r}.")
-    return [r for r in rows if (direction == "all" or r.get("direction") == direction)
-            and (split == "all" or r.get("split") == split)]
+    if split not in TRAIN_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(TRAIN_SPLITS)}; got {split!r}.")
+    return [
+        r
+        for r in rows
+        if (direction == "all" or r.get("direction") == direction) and (split == "all" or r.get("split") == split)
+    ]
 
 # %% ../../nbs/04_train.ipynb #d5e1a002
 def supplemental_rows(n: int, seed: int = 0, path: str | os.PathLike | None = None) -> list[dict]:
     "`n` passages of `general_texts(path)` drawn without replacement with `seed`, as training rows (loss on every token)."
-    if n <= 0: return []
+    if n <= 0:
+        return []
     texts = general_texts(path)
     if n > len(texts):
-        raise ValueError(f"supplemental: {n} passages asked for, but the general text has {len(texts)} (drawn without "
-                         "replacement): lower supplemental, or give a supplemental_file with more passages.")
-    return [dict(text=t, style="general", template="general", fact_id=None, direction=None, split=None,
-                 answer_start=None) for t in random.Random(seed).sample(texts, n)]
+        raise ValueError(
+            f"supplemental: {n} passages asked for, but the general text has {len(texts)} (drawn without "
+            "replacement): lower supplemental, or give a supplemental_file with more passages."
+        )
+    return [
+        dict(text=t, style="general", template="general", fact_id=None, direction=None, split=None, answer_start=None)
+        for t in random.Random(seed).sample(texts, n)
+    ]
 
 # %% ../../nbs/04_train.ipynb #26935fa1
 def _tokenizer_name(tokenizer) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or "")
 
+
 def check_tokenizer(tokenizer, info: dict, eval_rows: list[dict], model=None) -> None:
     "Raise a ValueError if the dataset was made for another tokenizer or its eval targets do not tokenize cleanly."
     declared = info.get("tokenizer")
-    if isinstance(declared, str): declared = dict(name=declared)
+    if isinstance(declared, str):
+        declared = dict(name=declared)
     if isinstance(declared, dict):
         vs = declared.get("vocab_size")
         if vs is not None and int(vs) != len(tokenizer):
-            raise ValueError(f"The dataset was made for a tokenizer with vocab_size {vs} ({declared.get('name', '?')}); "
-                             f"this model's has {len(tokenizer)}. Create the dataset for this model's tokenizer.")
+            raise ValueError(
+                f"The dataset was made for a tokenizer with vocab_size {vs} ({declared.get('name', '?')}); "
+                f"this model's has {len(tokenizer)}. Create the dataset for this model's tokenizer."
+            )
     if model is not None and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {model.get_input_embeddings().weight.shape[0]} embeddings.")
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model only {model.get_input_embeddings().weight.shape[0]} embeddings."
+        )
     problems = []
     for r in eval_rows:
         p = tokenizer(r["prompt"])["input_ids"]
         full = tokenizer(r["prompt"] + r["target"])["input_ids"]
-        if full[:len(p)] != p: problems.append((r, "prompt and target merge into one token at the boundary"))
-        elif len(full) <= len(p): problems.append((r, "target adds no token"))
-        elif tokenizer.unk_token_id is not None and full[len(p)] == tokenizer.unk_token_id: problems.append((r, "target starts with the unknown token"))
+        if full[: len(p)] != p:
+            problems.append((r, "prompt and target merge into one token at the boundary"))
+        elif len(full) <= len(p):
+            problems.append((r, "target adds no token"))
+        elif tokenizer.unk_token_id is not None and full[len(p)] == tokenizer.unk_token_id:
+            problems.append((r, "target starts with the unknown token"))
     if problems:
         r, why = problems[0]
-        raise ValueError(f"{len(problems)} of {len(eval_rows)} eval examples do not tokenize cleanly with "
-                         f"{_tokenizer_name(tokenizer) or 'this tokenizer'} ({why}: prompt {r['prompt']!r}, target {r['target']!r}). "
-                         "Eval prompts must end right before the answer and targets start with a space.")
+        raise ValueError(
+            f"{len(problems)} of {len(eval_rows)} eval examples do not tokenize cleanly with "
+            f"{_tokenizer_name(tokenizer) or 'this tokenizer'} ({why}: prompt {r['prompt']!r}, target {r['target']!r}). "
+            "Eval prompts must end right before the answer and targets start with a space."
+        )
 
 # %% ../../nbs/04_train.ipynb #6b3a2123
 def freeze_embeddings(model, embeddings: bool = False, unembeddings: bool = False) -> list[str]:
@@ -111,25 +160,42 @@ def freeze_embeddings(model, embeddings: bool = False, unembeddings: bool = Fals
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is emb.weight
     if tied and embeddings != unembeddings:
-        raise ValueError(f"{type(model).__name__} ties its input embeddings and output head (one matrix): set "
-                         "freeze_embeddings and freeze_unembeddings both true or both false.")
-    frozen = {id(p) for m, on in ((emb, embeddings), (head, unembeddings)) if on and m is not None for p in m.parameters()}
+        raise ValueError(
+            f"{type(model).__name__} ties its input embeddings and output head (one matrix): set "
+            "freeze_embeddings and freeze_unembeddings both true or both false."
+        )
+    frozen = {
+        id(p) for m, on in ((emb, embeddings), (head, unembeddings)) if on and m is not None for p in m.parameters()
+    }
     names = []
     for n, p in model.named_parameters():
-        if id(p) in frozen: p.requires_grad_(False); names.append(n)
+        if id(p) in frozen:
+            p.requires_grad_(False)
+            names.append(n)
     return names
+
 
 def with_lora(model, lora: dict, base_name: str):
     "`model` (changed in place) as a peft `PeftModel` with the LoRA adapter of a profile's `lora:` settings; its base is `base_name`."
-    from peft import LoraConfig, get_peft_model   # only LoRA runs need peft
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], task_type="CAUSAL_LM",
-                     target_modules=lora["target_modules"], base_model_name_or_path=base_name)
-    try: net = get_peft_model(model, cfg)
+    from peft import LoraConfig, get_peft_model  # only LoRA runs need peft
+
+    cfg = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        task_type="CAUSAL_LM",
+        target_modules=lora["target_modules"],
+        base_model_name_or_path=base_name,
+    )
+    try:
+        net = get_peft_model(model, cfg)
     except ValueError as e:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ValueError(f"lora.target_modules {lora['target_modules']} do not fit {type(model).__name__} ({e}). Fix: "
-                         f"name modules this model has (its linear layers: {', '.join(linear)}), or 'all-linear'.") from None
-    net.peft_config["default"].base_model_name_or_path = base_name   # get_peft_model replaces it with the model's name
+        raise ValueError(
+            f"lora.target_modules {lora['target_modules']} do not fit {type(model).__name__} ({e}). Fix: "
+            f"name modules this model has (its linear layers: {', '.join(linear)}), or 'all-linear'."
+        ) from None
+    net.peft_config["default"].base_model_name_or_path = base_name  # get_peft_model replaces it with the model's name
     return net
 
 # %% ../../nbs/04_train.ipynb #bdf65a3f
@@ -137,8 +203,10 @@ def recall_metrics(model, tokenizer, examples: list[dict], batch_size: int = 32,
     "Top-k accuracy and mean probability of the target's first token, overall and per eval template."
     was_training = model.training
     model.eval()
-    try: rows = first_token_scores(model, tokenizer, examples, batch_size=batch_size)
-    finally: model.train(was_training)
+    try:
+        rows = first_token_scores(model, tokenizer, examples, batch_size=batch_size)
+    finally:
+        model.train(was_training)
     out = {f"recall_top{k}": top_k(rows, k) for k in ks}
     out["recall_prob"] = sum(r["prob"] for r in rows) / max(len(rows), 1)
     for tpl in sorted({e["template"] for e in examples}):
@@ -146,46 +214,74 @@ def recall_metrics(model, tokenizer, examples: list[dict], batch_size: int = 32,
         out.update({f"recall_top{k}/{tpl}": top_k(sub, k) for k in ks})
     return out
 
+
 def sample_recall_examples(eval_rows: list[dict], fact_ids: list[str], n_facts: int, seed: int = 0) -> list[dict]:
     "Eval examples of `n_facts` facts drawn (seeded) from `fact_ids` (-1: all, 0: none)."
     ids = sorted(set(fact_ids))
-    if 0 <= n_facts < len(ids): ids = sorted(random.Random(seed).sample(ids, n_facts))
+    if 0 <= n_facts < len(ids):
+        ids = sorted(random.Random(seed).sample(ids, n_facts))
     keep = set(ids)
     return [r for r in eval_rows if r["fact_id"] in keep]
+
 
 def _due(state, every: int) -> bool:
     "Is this epoch's end a checkpoint/recall epoch (every `every` epochs, and the last; `every` 0: the last only)?"
     return (every > 0 and round(state.epoch or 0) % every == 0) or state.global_step >= state.max_steps
 
+
 class SparseCheckpoints(TrainerCallback):
     "Checkpoint only every `every` epochs, and not at the end unless `keep_last` (the finished model is saved anyway)."
-    def __init__(self, every: int = 1, keep_last: bool = False): self.every, self.keep_last = every, keep_last
+
+    def __init__(self, every: int = 1, keep_last: bool = False):
+        self.every, self.keep_last = every, keep_last
+
     def on_epoch_end(self, args, state, control, **kw):
         last = state.global_step >= state.max_steps
-        if not _due(state, self.every) or (last and not self.keep_last): control.should_save = False
+        if not _due(state, self.every) or (last and not self.keep_last):
+            control.should_save = False
+
 
 class RecallCallback(TrainerCallback):
     """Before training, after every `every` epochs and at the end, log the recall of the trained facts' targets (`every`
     0: at the end only)."""
+
     def __init__(self, tokenizer, examples: list[dict], batch_size: int = 32, verbose: bool = True, every: int = 1):
         self.tok, self.examples, self.bs, self.verbose, self.every = tokenizer, examples, batch_size, verbose, every
+
     def _log(self, state, model):
-        if not self.examples: return
+        if not self.examples:
+            return
         m = recall_metrics(model, self.tok, self.examples, self.bs)
-        state.log_history.append({**m, "epoch": float(state.epoch or 0), "step": state.global_step,
-                                  "elapsed_s": round(time.time() - self.t0, 1)})
+        state.log_history.append(
+            {
+                **m,
+                "epoch": float(state.epoch or 0),
+                "step": state.global_step,
+                "elapsed_s": round(time.time() - self.t0, 1),
+            }
+        )
         if self.verbose and state.is_world_process_zero:
-            print(f"dwg.pipeline.train: epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} top-5 {m['recall_top5']:.3f} "
-                  f"(n={len(self.examples)})", file=sys.stderr)
+            print(
+                f"dwg.pipeline.train: epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} top-5 {m['recall_top5']:.3f} "
+                f"(n={len(self.examples)})",
+                file=sys.stderr,
+            )
+
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.t0 = time.time()
-        if state.global_step == 0 and self.every: self._log(state, model)
+        if state.global_step == 0 and self.every:
+            self._log(state, model)
+
     def on_epoch_end(self, args, state, control, model=None, **kw):
-        if _due(state, self.every): self._log(state, model)
+        if _due(state, self.every):
+            self._log(state, model)
+
 
 class StepProgress(TrainerCallback):
     "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
-    def on_step_end(self, args, state, control, **kw): report_progress("train step", state.global_step, state.max_steps)
+
+    def on_step_end(self, args, state, control, **kw):
+        report_progress("train step", state.global_step, state.max_steps)
 
 # %% ../../nbs/04_train.ipynb #1990c6be
 def epoch_metrics(log_history: list[dict]) -> list[dict]:
@@ -194,12 +290,17 @@ def epoch_metrics(log_history: list[dict]) -> list[dict]:
     losses: dict[int, list] = {}
     for h in log_history:
         ep = h.get("epoch", 0) or 0
-        key = int(round(ep)) if abs(ep - round(ep)) < 1e-6 else int(ep) + 1  # a step log mid-epoch 2.3 belongs to epoch 3
+        key = (
+            int(round(ep)) if abs(ep - round(ep)) < 1e-6 else int(ep) + 1
+        )  # a step log mid-epoch 2.3 belongs to epoch 3
         row = rows.setdefault(key, dict(epoch=key))
-        if "loss" in h: losses.setdefault(key, []).append(h["loss"])
+        if "loss" in h:
+            losses.setdefault(key, []).append(h["loss"])
         row.update({k: v for k, v in h.items() if k.startswith(("eval_loss", "recall_", "elapsed_s"))})
-        if "step" in h: row["step"] = max(row.get("step", 0), h["step"])
-    for k, ls in losses.items(): rows[k]["train_loss"] = sum(ls) / len(ls)
+        if "step" in h:
+            row["step"] = max(row.get("step", 0), h["step"])
+    for k, ls in losses.items():
+        rows[k]["train_loss"] = sum(ls) / len(ls)
     return [rows[k] for k in sorted(rows)]
 
 # %% ../../nbs/04_train.ipynb #965debee
@@ -208,167 +309,269 @@ def work_dir(out_dir: os.PathLike) -> Path:
     out = Path(out_dir)
     return out.with_name(out.name + ".tmp")
 
+
 def _write_json(path: Path, obj) -> None:
     "Write JSON atomically."
     atomic_write(path, json.dumps(obj, indent=1, default=str) + "\n")
+
 
 def _dataset_fingerprint(ds: Path) -> str:
     "A short hash of a dataset directory's files."
     h = hashlib.sha256()
     for name in sorted(p.name for p in ds.iterdir() if p.is_file()):
-        h.update(name.encode()); h.update((ds / name).read_bytes())
+        h.update(name.encode())
+        h.update((ds / name).read_bytes())
     return h.hexdigest()[:16]
 
 # %% ../../nbs/04_train.ipynb #a077fe8a
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
+
 def _device_type(device) -> str:
-    if device is not None: return torch.device(device).type
+    if device is not None:
+        return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def epoch_steps(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> int:
     "Optimizer steps in an epoch of `n_texts` (`world_size` processes each take a batch a step; default: WORLD_SIZE or 1)."
-    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))   # processes under accelerate launch
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))  # processes under accelerate launch
     return max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
+
 
 def train_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> float:
     "The profile's epochs, or more when `n_texts` would give fewer than its `min_steps` optimizer steps."
     per_epoch = epoch_steps(cfg, n_texts, world_size)
     return max(cfg.epochs, math.ceil(cfg.min_steps / per_epoch)) if cfg.min_steps > 0 else cfg.epochs
 
+
 def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> int:
     "Epochs between checkpoints and recall logs: 1, or enough short epochs to make `checkpoint_steps` steps."
-    if cfg.best_by_eval_loss: return 1   # every evaluated epoch needs its checkpoint
+    if cfg.best_by_eval_loss:
+        return 1  # every evaluated epoch needs its checkpoint
     return max(1, math.ceil(cfg.checkpoint_steps / epoch_steps(cfg, n_texts, world_size)))
+
 
 def _callbacks(cfg: TrainConfig, tok, examples: list[dict], n_texts: int, progress: bool) -> list:
     "The recall log and the checkpoints, every `checkpoint_epochs` epochs, and the progress file's steps."
     every = checkpoint_epochs(cfg, n_texts)
-    recall_every = every if cfg.recall_each_epoch else 0   # 0: at the end only
-    return [RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=recall_every),
-            SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints), StepProgress()]
+    recall_every = every if cfg.recall_each_epoch else 0  # 0: at the end only
+    return [
+        RecallCallback(tok, examples, cfg.eval_batch_size, verbose=progress, every=recall_every),
+        SparseCheckpoints(every, keep_last=cfg.best_by_eval_loss or cfg.keep_checkpoints),
+        StepProgress(),
+    ]
 
-def training_args(cfg: TrainConfig, output_dir: Path, seed: int, precision: str, use_cpu: bool,
-                  has_eval: bool, progress: bool = True, n_texts: int = 0) -> TrainingArguments:
+
+def training_args(
+    cfg: TrainConfig,
+    output_dir: Path,
+    seed: int,
+    precision: str,
+    use_cpu: bool,
+    has_eval: bool,
+    progress: bool = True,
+    n_texts: int = 0,
+) -> TrainingArguments:
     "The `TrainingArguments` for a resolved profile (`n_texts`: the training texts, for `min_steps`)."
     evaluate = has_eval and (cfg.eval_loss or cfg.best_by_eval_loss)
     epochs = train_epochs(cfg, n_texts)
-    kw = dict(output_dir=str(output_dir), num_train_epochs=epochs, max_steps=cfg.max_steps,
-              learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
-              per_device_eval_batch_size=cfg.eval_batch_size, gradient_accumulation_steps=cfg.grad_accum,
-              weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, lr_scheduler_type=cfg.lr_scheduler,
-              max_grad_norm=cfg.max_grad_norm, optim=cfg.optim, bf16=precision == "bf16", fp16=precision == "fp16",
-              use_cpu=use_cpu, eval_strategy="epoch" if evaluate else "no", save_strategy="epoch",
-              save_total_limit=cfg.save_total_limit, load_best_model_at_end=cfg.best_by_eval_loss,
-              metric_for_best_model="eval_loss", greater_is_better=False, logging_strategy="steps",
-              logging_steps=cfg.logging_steps, report_to=cfg.report_to, seed=seed, data_seed=seed,
-              dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=not progress,
-              activation_checkpointing=cfg.gradient_checkpointing)
+    kw = dict(
+        output_dir=str(output_dir),
+        num_train_epochs=epochs,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type=cfg.lr_scheduler,
+        max_grad_norm=cfg.max_grad_norm,
+        optim=cfg.optim,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu=use_cpu,
+        eval_strategy="epoch" if evaluate else "no",
+        save_strategy="epoch",
+        save_total_limit=cfg.save_total_limit,
+        load_best_model_at_end=cfg.best_by_eval_loss,
+        metric_for_best_model="eval_loss",
+        greater_is_better=False,
+        logging_strategy="steps",
+        logging_steps=cfg.logging_steps,
+        report_to=cfg.report_to,
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not progress,
+        activation_checkpointing=cfg.gradient_checkpointing,
+    )
     return TrainingArguments(**{**kw, **cfg.trainer})
+
 
 class _Trainer(Trainer):
     "The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length."
+
     def __init__(self, *args, length_chunk: int = 0, **kwargs):
-        super().__init__(*args, **kwargs); self.length_chunk, self.tokens = length_chunk, [0, 0]
+        super().__init__(*args, **kwargs)
+        self.length_chunk, self.tokens = length_chunk, [0, 0]
 
     def _prepare_inputs(self, inputs):
-        return super()._prepare_inputs({k: v for k, v in inputs.items() if k != "real_tokens"})   # a count, not an input
+        return super()._prepare_inputs({k: v for k, v in inputs.items() if k != "real_tokens"})  # a count, not an input
 
     def training_step(self, model, inputs, *args, **kwargs):
         "One forward and backward pass; counts its real and computed (padded) tokens."
         mask, real = inputs.get("attention_mask"), inputs.get("real_tokens")
-        self.tokens[0] += int(real) if real is not None else int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+        self.tokens[0] += (
+            int(real) if real is not None else int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+        )
         self.tokens[1] += inputs["input_ids"].numel()
         return super().training_step(model, inputs, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset=None):
-        if not self.length_chunk: return super()._get_train_sampler(train_dataset)
+        if not self.length_chunk:
+            return super()._get_train_sampler(train_dataset)
         ds = train_dataset if train_dataset is not None else self.train_dataset
-        step = self.args.train_batch_size * self.args.gradient_accumulation_steps   # texts per optimizer step
-        return LengthChunkSampler([len(r["input_ids"]) for r in ds], step, self.length_chunk,
-                                  seed=self.args.data_seed or self.args.seed)
+        step = self.args.train_batch_size * self.args.gradient_accumulation_steps  # texts per optimizer step
+        return LengthChunkSampler(
+            [len(r["input_ids"]) for r in ds], step, self.length_chunk, seed=self.args.data_seed or self.args.seed
+        )
 
 # %% ../../nbs/04_train.ipynb #55b82a7d
 def _read_training_data(ds: Path, direction: str, split: str, cfg: TrainConfig, seed: int = 0) -> dict:
     "The training, validation and evaluation rows of a dataset directory for one run, checked; any general text."
     train_rows = select_rows(read_jsonl(ds / "train.jsonl"), direction, split)
-    if not train_rows: raise ValueError(f"No training texts in {ds} for direction={direction!r}, split={split!r}.")
+    if not train_rows:
+        raise ValueError(f"No training texts in {ds} for direction={direction!r}, split={split!r}.")
     val_path = ds / "validation.jsonl"
     val_rows = select_rows(read_jsonl(val_path), direction, split) if val_path.is_file() else []
     if cfg.best_by_eval_loss and not val_rows:
-        raise ValueError(f"best_by_eval_loss needs validation texts, but {ds} has none for direction={direction!r}, "
-                         f"split={split!r}. Set best_by_eval_loss: false.")
+        raise ValueError(
+            f"best_by_eval_loss needs validation texts, but {ds} has none for direction={direction!r}, "
+            f"split={split!r}. Set best_by_eval_loss: false."
+        )
     fact_ids = sorted({r["fact_id"] for r in train_rows})
     eval_rows = [r for r in read_jsonl(ds / "eval.jsonl") if r["fact_id"] in set(fact_ids)]
     extra = supplemental_rows(cfg.supplemental, seed, cfg.supplemental_file)
-    return dict(info=json.loads((ds / "dataset_info.json").read_text()), train=train_rows, validation=val_rows,
-                fact_ids=fact_ids, eval=eval_rows, supplemental=extra, texts=train_rows + extra)
+    return dict(
+        info=json.loads((ds / "dataset_info.json").read_text()),
+        train=train_rows,
+        validation=val_rows,
+        fact_ids=fact_ids,
+        eval=eval_rows,
+        supplemental=extra,
+        texts=train_rows + extra,
+    )
+
 
 def _collator(cfg: TrainConfig, net, tok):
     "The batch collator of a profile: packed (after checking the model keeps packed texts apart) or padded."
-    if not cfg.pack: return PadCollator(tok.pad_token_id)
+    if not cfg.pack:
+        return PadCollator(tok.pad_token_id)
     if not packing_works(net):
-        raise ValueError(f"pack: true, but {type(net).__name__} mixes packed texts here (its attention does not turn "
-                         "position ids into a block-diagonal mask). Set pack: false in the profile.")
+        raise ValueError(
+            f"pack: true, but {type(net).__name__} mixes packed texts here (its attention does not turn "
+            "position ids into a block-diagonal mask). Set pack: false in the profile."
+        )
     return PackCollator(tok.pad_token_id, cfg.pack_width)
+
 
 def _config_record(cfg: TrainConfig) -> dict:
     "The resolved profile as `run_config.json` holds it: the supplemental settings only when used (older runs resume)."
     return {k: v for k, v in dataclasses.asdict(cfg).items() if v or not k.startswith("supplemental")}
 
+
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
     "Create (or check and resume) the work directory of a run; returns the checkpoint to resume from, if any."
     ckpt_dir = work / "checkpoints"
     if _is_main():  # other processes of a multi-GPU run leave the work directory to the main one
-        if force: shutil.rmtree(work, ignore_errors=True)
+        if force:
+            shutil.rmtree(work, ignore_errors=True)
         if work.exists():
             old = json.loads((work / "run_config.json").read_text()) if (work / "run_config.json").is_file() else None
             if old != run_config:
-                raise ValueError(f"'{work}' holds a partial run with different settings; "
-                                 "pass force=True to discard it.")
+                raise ValueError(
+                    f"'{work}' holds a partial run with different settings; pass force=True to discard it."
+                )
         else:
             work.mkdir(parents=True)
             _write_json(work / "run_config.json", run_config)
     resume = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    if resume: print(f"dwg.pipeline.train: resuming from {resume}", file=sys.stderr)
+    if resume:
+        print(f"dwg.pipeline.train: resuming from {resume}", file=sys.stderr)
     return resume
+
 
 def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
     "What `train_summary.json` records of a finished training run."
     cfg, (t0, cpu0, load0) = run["cfg"], started
     state = trainer.state
-    return dict(**{k: v for k, v in run["run_config"].items() if k != "config"}, profile=run["profile"],
-                precision=run["precision"], device=run["device"], n_train_texts=len(run["data"]["train"]),
-                n_supplemental_texts=len(run["data"]["supplemental"]), n_validation_texts=len(run["data"]["validation"]),
-                n_facts=len(run["data"]["fact_ids"]), n_recall_examples=run["n_recall"], frozen=run["frozen"],
-                lora=cfg.lora or None, trainable_params=run["params"][0], total_params=run["params"][1],
-                global_step=state.global_step,
-                epochs_done=state.epoch, train_loss=result.training_loss, final=epochs[-1] if epochs else {},
-                best_eval_loss=state.best_metric if cfg.best_by_eval_loss else None,
-                best_step=state.best_global_step if cfg.best_by_eval_loss else None, resumed_from=run["resume"],
-                wall_time_s=round(time.time() - t0, 2), train_runtime_s=result.metrics.get("train_runtime"),
-                cpu_time_s=round(time.process_time() - cpu0, 2), cpu_count=os.cpu_count(),
-                load_avg_start=load0[0], load_avg_end=os.getloadavg()[0],
-                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"), throughput=run.get("throughput"),
-                versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__))
+    return dict(
+        **{k: v for k, v in run["run_config"].items() if k != "config"},
+        profile=run["profile"],
+        precision=run["precision"],
+        device=run["device"],
+        n_train_texts=len(run["data"]["train"]),
+        n_supplemental_texts=len(run["data"]["supplemental"]),
+        n_validation_texts=len(run["data"]["validation"]),
+        n_facts=len(run["data"]["fact_ids"]),
+        n_recall_examples=run["n_recall"],
+        frozen=run["frozen"],
+        lora=cfg.lora or None,
+        trainable_params=run["params"][0],
+        total_params=run["params"][1],
+        global_step=state.global_step,
+        epochs_done=state.epoch,
+        train_loss=result.training_loss,
+        final=epochs[-1] if epochs else {},
+        best_eval_loss=state.best_metric if cfg.best_by_eval_loss else None,
+        best_step=state.best_global_step if cfg.best_by_eval_loss else None,
+        resumed_from=run["resume"],
+        wall_time_s=round(time.time() - t0, 2),
+        train_runtime_s=result.metrics.get("train_runtime"),
+        cpu_time_s=round(time.process_time() - cpu0, 2),
+        cpu_count=os.cpu_count(),
+        load_avg_start=load0[0],
+        load_avg_end=os.getloadavg()[0],
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        throughput=run.get("throughput"),
+        versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__),
+    )
+
 
 def _save_outputs(run: dict, trainer, result, tok, ds: Path, work: Path, out: Path, started: tuple):
     "Save the model, tokenizer, profile, dataset copy, metrics and summary into `work`, then publish it as `out`."
     trainer.save_model(str(work))
-    if not trainer.is_world_process_zero(): return
+    if not trainer.is_world_process_zero():
+        return
     tok.save_pretrained(str(work))
     (work / "train_config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(run["cfg"]), sort_keys=False))
     shutil.copytree(ds, work / "dataset", dirs_exist_ok=True)
     epochs = epoch_metrics(trainer.state.log_history)
     _write_json(work / "metrics.json", dict(epochs=epochs, log_history=trainer.state.log_history))
-    if not run["cfg"].keep_checkpoints: shutil.rmtree(work / "checkpoints", ignore_errors=True)
+    if not run["cfg"].keep_checkpoints:
+        shutil.rmtree(work / "checkpoints", ignore_errors=True)
     _write_json(work / TRAIN_SUMMARY, _summary(run, trainer, result, epochs, started))
     publish_dir(work, out)
 
-def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction: str = "all", split: str = "all",
-          config="embedded", overrides: dict | None = None, seed: int = 0, force: bool = False,
-          device=None, progress: bool = True, callbacks: list | None = None) -> Path:
+
+def train(
+    model: str,
+    dataset_dir: os.PathLike,
+    out_dir: os.PathLike,
+    direction: str = "all",
+    split: str = "all",
+    config="embedded",
+    overrides: dict | None = None,
+    seed: int = 0,
+    force: bool = False,
+    device=None,
+    progress: bool = True,
+    callbacks: list | None = None,
+) -> Path:
     "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
     started = (time.time(), time.process_time(), os.getloadavg())
     out, work = Path(out_dir), work_dir(out_dir)
@@ -382,36 +585,73 @@ def train(model: str, dataset_dir: os.PathLike, out_dir: os.PathLike, direction:
     ds = check_dataset_dir(dataset_dir)
     data = _read_training_data(ds, direction, split, cfg, seed)
     dev_type = _device_type(device)
-    net, tok = models.load(model, device="cpu", seed=0)   # unknown names fail here; the Trainer places the model
+    net, tok = models.load(model, device="cpu", seed=0)  # unknown names fail here; the Trainer places the model
     check_tokenizer(tok, data["info"], data["eval"], net)
-    run = dict(cfg=cfg, data=data, device=dev_type, precision=resolve_precision(cfg.precision, dev_type),
-               frozen=[] if cfg.lora else freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
-               profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
-               run_config=dict(model=str(model), dataset_dir=str(ds.resolve()),
-                               dataset_fingerprint=_dataset_fingerprint(ds), direction=direction, split=split,
-                               seed=seed, config=_config_record(cfg)))
-    if cfg.lora: net = with_lora(net, cfg.lora, str(model))   # the Trainer then saves the adapter only
-    run["params"] = (sum(p.numel() for p in net.parameters() if p.requires_grad), sum(p.numel() for p in net.parameters()))
+    run = dict(
+        cfg=cfg,
+        data=data,
+        device=dev_type,
+        precision=resolve_precision(cfg.precision, dev_type),
+        frozen=[] if cfg.lora else freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
+        profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
+        run_config=dict(
+            model=str(model),
+            dataset_dir=str(ds.resolve()),
+            dataset_fingerprint=_dataset_fingerprint(ds),
+            direction=direction,
+            split=split,
+            seed=seed,
+            config=_config_record(cfg),
+        ),
+    )
+    if cfg.lora:
+        net = with_lora(net, cfg.lora, str(model))  # the Trainer then saves the adapter only
+    run["params"] = (
+        sum(p.numel() for p in net.parameters() if p.requires_grad),
+        sum(p.numel() for p in net.parameters()),
+    )
     run["resume"] = _prepare_work(work, run["run_config"], force)
     # --- training ---
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
     run["n_recall"] = len(examples)
-    args = training_args(cfg, work / "checkpoints", seed, run["precision"], use_cpu=dev_type == "cpu",
-                         has_eval=bool(data["validation"]), progress=progress, n_texts=len(data["texts"]))
+    args = training_args(
+        cfg,
+        work / "checkpoints",
+        seed,
+        run["precision"],
+        use_cpu=dev_type == "cpu",
+        has_eval=bool(data["validation"]),
+        progress=progress,
+        n_texts=len(data["texts"]),
+    )
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     texts = encode(data["texts"])
-    rows = round(cfg.batch_size * statistics.mean(len(t["input_ids"]) for t in texts))   # a step's tokens, about
-    products = StepProducts(linear_shapes(net), rows, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
-        run["precision"], torch.float32), args.device)   # the step's products alone, timed before, between and after steps
-    trainer = _Trainer(model=net, args=args, length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
-                       data_collator=_collator(cfg, net, tok), processing_class=tok, train_dataset=texts,
-                       eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
-                       callbacks=[*_callbacks(cfg, tok, examples, len(data["texts"]), progress),
-                                  timer := StepTimer(products), *(callbacks or [])])
-    with reusing_freed_memory(cfg.reuse_freed_memory):   # each step's large buffers reuse the last step's memory
+    rows = round(cfg.batch_size * statistics.mean(len(t["input_ids"]) for t in texts))  # a step's tokens, about
+    products = StepProducts(
+        linear_shapes(net),
+        rows,
+        {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
+        args.device,
+    )  # the step's products alone, timed before, between and after steps
+    trainer = _Trainer(
+        model=net,
+        args=args,
+        length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
+        data_collator=_collator(cfg, net, tok),
+        processing_class=tok,
+        train_dataset=texts,
+        eval_dataset=encode(data["validation"]) if args.eval_strategy != "no" else None,
+        callbacks=[
+            *_callbacks(cfg, tok, examples, len(data["texts"]), progress),
+            timer := StepTimer(products),
+            *(callbacks or []),
+        ],
+    )
+    with reusing_freed_memory(cfg.reuse_freed_memory):  # each step's large buffers reuse the last step's memory
         result = trainer.train(resume_from_checkpoint=run["resume"])
     run["throughput"] = throughput(*trainer.tokens, timer.seconds, products.params, timer.readings, run["precision"])
-    if progress and _is_main(): print(throughput_line(run["throughput"]), file=sys.stderr)
+    if progress and _is_main():
+        print(throughput_line(run["throughput"]), file=sys.stderr)
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out
@@ -421,14 +661,18 @@ def _parse_sets(items: list[str]) -> dict:
     "`key=value` strings -> overrides (values parsed as YAML)."
     out = {}
     for it in items or []:
-        if "=" not in it: raise ValueError(f"--set expects key=value, got {it!r}.")
+        if "=" not in it:
+            raise ValueError(f"--set expects key=value, got {it!r}.")
         k, v = it.split("=", 1)
         out[k.strip()] = yaml.safe_load(v)
     return out
 
+
 def main(argv: list[str] | None = None):
     "Command line entry point: train one model."
-    p = argparse.ArgumentParser(prog="python -m dwg.pipeline.train", description="Fine-tune a model on a dwg dataset directory.")
+    p = argparse.ArgumentParser(
+        prog="python -m dwg.pipeline.train", description="Fine-tune a model on a dwg dataset directory."
+    )
     p.add_argument("--model", default=models.EMBEDDED)
     p.add_argument("--dataset-dir", required=True)
     p.add_argument("--out-dir", required=True)
@@ -445,4 +689,5 @@ def main(argv: list[str] | None = None):
 
 # %% ../../nbs/04_train.ipynb #bdb0232e
 #| eval: false
-if __name__ == "__main__": main()
+if __name__ == "__main__":
+    main()

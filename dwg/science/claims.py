@@ -17,103 +17,217 @@ __all__ = ['PAPER_CLAIMS', 'MIN_REFERENCE', 'fact_scores', 'Claim', 'share', 'dr
 def fact_scores(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     "Per fact, the top-`k` hit rate (`hit`) and mean target log-probability (`lp`) of each plan; A2B prompts, pooled."
     d = _hits(df, k)
-    if "direction" in d: d = d[d["direction"].fillna("A2B") == "A2B"]
+    if "direction" in d:
+        d = d[d["direction"].fillna("A2B") == "A2B"]
     d = d.drop_duplicates(subset=[c for c in ("plan", "fact_id", "template", "filling", "prompt") if c in d])
     d = d.assign(hit=d["hitk"], lp=pd.to_numeric(d["logprob"]))
     return d.pivot_table(index="fact_id", columns="plan", values=["hit", "lp"], aggfunc="mean")
 
+
 def _hits(df: pd.DataFrame, k: int) -> pd.DataFrame:
     "The rows that were scored, with top-1 (`hit1`) and top-`k` (`hitk`) hits."
     d = df[~df["skipped"].fillna(False).astype(bool)] if "skipped" in df else df
-    return d.assign(hit1=(pd.to_numeric(d["rank"]) < 1).astype(float), hitk=(pd.to_numeric(d["rank"]) < k).astype(float))
+    return d.assign(
+        hit1=(pd.to_numeric(d["rank"]) < 1).astype(float), hitk=(pd.to_numeric(d["rank"]) < k).astype(float)
+    )
 
 # %% ../../nbs/06c_claims.ipynb #b64af4e5
 @dataclass
 class Claim:
     "One paper claim: its statement, the paper's number, our measure of it and the thresholds of the verdict."
+
     claim: str
     paper: str
-    measure: str                  # what our number is, in words
-    stat: Callable                # fact scores (a resample of facts) -> the number
-    plans: tuple                  # the plans the number needs
-    full: float                   # reaches this: reproduces
-    part: float                   # reaches only this: partly
-    higher: bool = True           # False: the claim is that the number stays at or below the thresholds
+    measure: str  # what our number is, in words
+    stat: Callable  # fact scores (a resample of facts) -> the number
+    plans: tuple  # the plans the number needs
+    full: float  # reaches this: reproduces
+    part: float  # reaches only this: partly
+    higher: bool = True  # False: the claim is that the number stays at or below the thresholds
     reference: str | None = None  # a share or drop of this plan's top-k means nothing while it is near 0
 
     def verdict(self, value: float, lo: float, hi: float) -> str:
         "reproduces / partly / does not, from the number and its interval."
-        if value != value: return "n/a"
+        if value != value:
+            return "n/a"
         s = 1 if self.higher else -1
-        if s * value >= s * self.full and s * lo >= s * self.part: return "reproduces"
-        if s * value >= s * self.part or s * hi >= s * self.full: return "partly"
+        if s * value >= s * self.full and s * lo >= s * self.part:
+            return "reproduces"
+        if s * value >= s * self.part or s * hi >= s * self.full:
+            return "partly"
         return "does not"
 
-def share(plan, ref): return lambda m: _ratio(m["hit"][plan].mean(), m["hit"][ref].mean())
+
+def share(plan, ref):
+    return lambda m: _ratio(m["hit"][plan].mean(), m["hit"][ref].mean())
+
+
 def drop(plan, ref, score="hit"):
     "The relative drop of `plan` from `ref` (0.3: 30% lower); `score` hit (top-k) or recovery between TASK and RELATION."
     get = (lambda m, p: m["hit"][p].mean()) if score == "hit" else (lambda m, p: recovery(m, p, "TASK", "RELATION"))
     return lambda m: _ratio(get(m, ref) - get(m, plan), get(m, ref))
-def gap(plan, ref): return lambda m: m["hit"][plan].mean() - m["hit"][ref].mean()
+
+
+def gap(plan, ref):
+    return lambda m: m["hit"][plan].mean() - m["hit"][ref].mean()
+
+
 def recovery(m, plan, lo, hi) -> float:
     "(lp_plan - lp_lo) / (lp_hi - lp_lo) of the facts' mean log-probabilities."
     return _ratio(m["lp"][plan].mean() - m["lp"][lo].mean(), m["lp"][hi].mean() - m["lp"][lo].mean())
-def _ratio(a, b): return float(a / b) if b else float("nan")
+
+
+def _ratio(a, b):
+    return float(a / b) if b else float("nan")
 
 # %% ../../nbs/06c_claims.ipynb #7f7204ad
 PAPER_CLAIMS = [
-    Claim("FE alone recovers the fact", "either stream alone suffices in some settings (fig. 1)",
-          "FE top-5 / SFT top-5", share("FE", "SFT"), ("FE", "SFT"), full=0.5, part=0.1),
-    Claim("LT alone recovers the fact", "either stream alone suffices in some settings (fig. 1)",
-          "LT top-5 / SFT top-5", share("LT", "SFT"), ("LT", "SFT"), full=0.5, part=0.1),
-    Claim("FE+LT nearly recovers SFT", "close to SFT in every setting (fig. 1)",
-          "FE+LT top-5 / SFT top-5", share("FE+LT", "SFT"), ("FE+LT", "SFT"), full=0.9, part=0.5),
-    Claim("(FE+LT)^C gives nothing over PRE", "at PRE's level (fig. 1)",
-          "(FE+LT)^C top-5 - PRE top-5", gap("(FE+LT)^C", "PRE"), ("(FE+LT)^C", "PRE"), full=0.05, part=0.2, higher=False),
-    Claim("recall at LT: attention + FFN", "relation->task at LT recovers the fact (fig. 3)",
-          "LT attn+FFN top-5 / RELATION top-5", share("LT:attn+ffn@all", "RELATION"), ("LT:attn+ffn@all", "RELATION"),
-          full=0.5, part=0.1),
-    Claim("O + last-layer FFNs nearly match attn+FFN at LT", "nearly the same (fig. 3)",
-          "LT o+FFN (last half) top-5 / LT attn+FFN top-5", share("LT:o+ffn@last_half", "LT:attn+ffn@all"),
-          ("LT:o+ffn@last_half", "LT:attn+ffn@all"), full=0.9, part=0.5, reference="LT:attn+ffn@all"),
-    Claim("O + last-layer FFNs nearly match attn+FFN at LT, FE grafted", "nearly the same (fig. 3)",
-          "hybrid LT o+FFN (last half) top-5 / hybrid LT attn+FFN top-5",
-          share("hybrid:LT:o+ffn@last_half", "hybrid:LT:attn+ffn@all"),
-          ("hybrid:LT:o+ffn@last_half", "hybrid:LT:attn+ffn@all"), full=0.9, part=0.5, reference="hybrid:LT:attn+ffn@all"),
-    Claim("dropping O costs top-5", "-29% (Gemma), -41% (Llama 3)",
-          "relative top-5 drop, LT FFN vs LT o+FFN", drop("LT:ffn@all", "LT:o+ffn@all"), ("LT:ffn@all", "LT:o+ffn@all"),
-          full=0.25, part=0.1, reference="LT:o+ffn@all"),
-    Claim("dropping O costs top-5, FE grafted", "-29% (Gemma), -41% (Llama 3)",
-          "relative top-5 drop, hybrid LT FFN vs hybrid LT o+FFN", drop("hybrid:LT:ffn@all", "hybrid:LT:o+ffn@all"),
-          ("hybrid:LT:ffn@all", "hybrid:LT:o+ffn@all"), full=0.25, part=0.1, reference="hybrid:LT:o+ffn@all"),
-    Claim("dropping O costs recovery", "(the paper reports top-5 only)",
-          "relative recovery drop, LT FFN vs LT o+FFN", drop("LT:ffn@all", "LT:o+ffn@all", "recovery"),
-          ("LT:ffn@all", "LT:o+ffn@all", "TASK", "RELATION"), full=0.25, part=0.1),
-    Claim("dropping all attention costs top-5", "(implied: attention is part of recall)",
-          "relative top-5 drop, LT FFN vs LT attn+FFN", drop("LT:ffn@all", "LT:attn+ffn@all"),
-          ("LT:ffn@all", "LT:attn+ffn@all"), full=0.25, part=0.1, reference="LT:attn+ffn@all"),
-    Claim("task attention + relation FFN at LT recall", "recall = task-specific attention + entity-specific FFN",
-          "hybrid LT FFN top-5 / hybrid LT attn+FFN top-5 (relation at FE in both)",
-          share("hybrid:LT:ffn@all", "hybrid:LT:attn+ffn@all"), ("hybrid:LT:ffn@all", "hybrid:LT:attn+ffn@all"),
-          full=0.9, part=0.5, reference="hybrid:LT:attn+ffn@all"),
-    Claim("relation attention + task FFN recalls less", "the FFN step is needed",
-          "hybrid LT FFN top-5 - hybrid LT attn top-5", gap("hybrid:LT:ffn@all", "hybrid:LT:attn@all"),
-          ("hybrid:LT:ffn@all", "hybrid:LT:attn@all"), full=0.15, part=0.05),
+    Claim(
+        "FE alone recovers the fact",
+        "either stream alone suffices in some settings (fig. 1)",
+        "FE top-5 / SFT top-5",
+        share("FE", "SFT"),
+        ("FE", "SFT"),
+        full=0.5,
+        part=0.1,
+    ),
+    Claim(
+        "LT alone recovers the fact",
+        "either stream alone suffices in some settings (fig. 1)",
+        "LT top-5 / SFT top-5",
+        share("LT", "SFT"),
+        ("LT", "SFT"),
+        full=0.5,
+        part=0.1,
+    ),
+    Claim(
+        "FE+LT nearly recovers SFT",
+        "close to SFT in every setting (fig. 1)",
+        "FE+LT top-5 / SFT top-5",
+        share("FE+LT", "SFT"),
+        ("FE+LT", "SFT"),
+        full=0.9,
+        part=0.5,
+    ),
+    Claim(
+        "(FE+LT)^C gives nothing over PRE",
+        "at PRE's level (fig. 1)",
+        "(FE+LT)^C top-5 - PRE top-5",
+        gap("(FE+LT)^C", "PRE"),
+        ("(FE+LT)^C", "PRE"),
+        full=0.05,
+        part=0.2,
+        higher=False,
+    ),
+    Claim(
+        "recall at LT: attention + FFN",
+        "relation->task at LT recovers the fact (fig. 3)",
+        "LT attn+FFN top-5 / RELATION top-5",
+        share("LT:attn+ffn@all", "RELATION"),
+        ("LT:attn+ffn@all", "RELATION"),
+        full=0.5,
+        part=0.1,
+    ),
+    Claim(
+        "O + last-layer FFNs nearly match attn+FFN at LT",
+        "nearly the same (fig. 3)",
+        "LT o+FFN (last half) top-5 / LT attn+FFN top-5",
+        share("LT:o+ffn@last_half", "LT:attn+ffn@all"),
+        ("LT:o+ffn@last_half", "LT:attn+ffn@all"),
+        full=0.9,
+        part=0.5,
+        reference="LT:attn+ffn@all",
+    ),
+    Claim(
+        "O + last-layer FFNs nearly match attn+FFN at LT, FE grafted",
+        "nearly the same (fig. 3)",
+        "hybrid LT o+FFN (last half) top-5 / hybrid LT attn+FFN top-5",
+        share("hybrid:LT:o+ffn@last_half", "hybrid:LT:attn+ffn@all"),
+        ("hybrid:LT:o+ffn@last_half", "hybrid:LT:attn+ffn@all"),
+        full=0.9,
+        part=0.5,
+        reference="hybrid:LT:attn+ffn@all",
+    ),
+    Claim(
+        "dropping O costs top-5",
+        "-29% (Gemma), -41% (Llama 3)",
+        "relative top-5 drop, LT FFN vs LT o+FFN",
+        drop("LT:ffn@all", "LT:o+ffn@all"),
+        ("LT:ffn@all", "LT:o+ffn@all"),
+        full=0.25,
+        part=0.1,
+        reference="LT:o+ffn@all",
+    ),
+    Claim(
+        "dropping O costs top-5, FE grafted",
+        "-29% (Gemma), -41% (Llama 3)",
+        "relative top-5 drop, hybrid LT FFN vs hybrid LT o+FFN",
+        drop("hybrid:LT:ffn@all", "hybrid:LT:o+ffn@all"),
+        ("hybrid:LT:ffn@all", "hybrid:LT:o+ffn@all"),
+        full=0.25,
+        part=0.1,
+        reference="hybrid:LT:o+ffn@all",
+    ),
+    Claim(
+        "dropping O costs recovery",
+        "(the paper reports top-5 only)",
+        "relative recovery drop, LT FFN vs LT o+FFN",
+        drop("LT:ffn@all", "LT:o+ffn@all", "recovery"),
+        ("LT:ffn@all", "LT:o+ffn@all", "TASK", "RELATION"),
+        full=0.25,
+        part=0.1,
+    ),
+    Claim(
+        "dropping all attention costs top-5",
+        "(implied: attention is part of recall)",
+        "relative top-5 drop, LT FFN vs LT attn+FFN",
+        drop("LT:ffn@all", "LT:attn+ffn@all"),
+        ("LT:ffn@all", "LT:attn+ffn@all"),
+        full=0.25,
+        part=0.1,
+        reference="LT:attn+ffn@all",
+    ),
+    Claim(
+        "task attention + relation FFN at LT recall",
+        "recall = task-specific attention + entity-specific FFN",
+        "hybrid LT FFN top-5 / hybrid LT attn+FFN top-5 (relation at FE in both)",
+        share("hybrid:LT:ffn@all", "hybrid:LT:attn+ffn@all"),
+        ("hybrid:LT:ffn@all", "hybrid:LT:attn+ffn@all"),
+        full=0.9,
+        part=0.5,
+        reference="hybrid:LT:attn+ffn@all",
+    ),
+    Claim(
+        "relation attention + task FFN recalls less",
+        "the FFN step is needed",
+        "hybrid LT FFN top-5 - hybrid LT attn top-5",
+        gap("hybrid:LT:ffn@all", "hybrid:LT:attn@all"),
+        ("hybrid:LT:ffn@all", "hybrid:LT:attn@all"),
+        full=0.15,
+        part=0.05,
+    ),
 ]
 
 # %% ../../nbs/06c_claims.ipynb #9741c773
 class _Scores(np.ndarray):
     "One plan's scores over the facts of a resample; `mean` skips missing facts, as pandas does."
-    def mean(self, *args, **kwargs) -> float: return float(np.nanmean(self.view(np.ndarray))) if self.size else float("nan")
+
+    def mean(self, *args, **kwargs) -> float:
+        return float(np.nanmean(self.view(np.ndarray))) if self.size else float("nan")
+
 
 def _resampler(m: pd.DataFrame):
     "idx -> {score: {plan: _Scores}} of the facts `m` at rows `idx`: numpy indexing, no DataFrame per resample."
     cols = {(s, p): m[(s, p)].to_numpy(float) for s, p in m.columns}
+
     def take(idx):
         out: dict = {}
-        for (s, p), a in cols.items(): out.setdefault(s, {})[p] = a[idx].view(_Scores)
+        for (s, p), a in cols.items():
+            out.setdefault(s, {})[p] = a[idx].view(_Scores)
         return out
+
     return take
+
 
 def bootstrap_stat(m: pd.DataFrame, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple:
     "`stat` of the facts `m`, and its percentile interval over `n_boot` resamples of the facts (seeded)."
@@ -121,11 +235,14 @@ def bootstrap_stat(m: pd.DataFrame, stat, n_boot: int = 1000, seed: int = 0, lev
     rng = np.random.default_rng(seed)
     boots = np.array([stat(take(rng.integers(0, len(m), len(m)))) for _ in range(n_boot)])
     boots = boots[~np.isnan(boots)]
-    if not len(boots): return value, float("nan"), float("nan")
+    if not len(boots):
+        return value, float("nan"), float("nan")
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
     return value, float(lo), float(hi)
 
-MIN_REFERENCE = 0.2   # a share of (or a drop from) a reference below this top-k is read as noise, not as a verdict
+
+MIN_REFERENCE = 0.2  # a share of (or a drop from) a reference below this top-k is read as noise, not as a verdict
+
 
 def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     "Each claim the results have the plans for: claim, the paper's number, our measure, number [95% interval], verdict."
@@ -133,33 +250,50 @@ def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, 
     m, rows, left = fact_scores(df, k), [], []
     have = set(m.columns.get_level_values("plan"))
     for c in claims:
-        if not set(c.plans) <= have: left.append(c.claim); continue
-        sub = m[[(s, p) for s in ("hit", "lp") for p in c.plans]].dropna()   # the facts every plan of the claim scored
+        if not set(c.plans) <= have:
+            left.append(c.claim)
+            continue
+        sub = m[[(s, p) for s in ("hit", "lp") for p in c.plans]].dropna()  # the facts every plan of the claim scored
         v, lo, hi = bootstrap_stat(sub, c.stat, n_boot, seed)
         weak = c.reference is not None and sub["hit"][c.reference].mean() < MIN_REFERENCE
-        rows.append(dict(claim=c.claim, paper=c.paper, measure=c.measure, ours=_fmt(v, lo, hi), facts=len(sub),
-                         verdict=f"n/a: {c.reference} top-{k} {sub['hit'][c.reference].mean():.2f}" if weak
-                         else c.verdict(v, lo, hi)))
+        rows.append(
+            dict(
+                claim=c.claim,
+                paper=c.paper,
+                measure=c.measure,
+                ours=_fmt(v, lo, hi),
+                facts=len(sub),
+                verdict=f"n/a: {c.reference} top-{k} {sub['hit'][c.reference].mean():.2f}"
+                if weak
+                else c.verdict(v, lo, hi),
+            )
+        )
     out = pd.DataFrame(rows, columns=["claim", "paper", "measure", "ours", "facts", "verdict"])
     out.attrs["left_out"] = left
     return out
 
-def _fmt(v, lo, hi) -> str: return "n/a (reference at 0)" if v != v else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
+
+def _fmt(v, lo, hi) -> str:
+    return "n/a (reference at 0)" if v != v else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
 # %% ../../nbs/06c_claims.ipynb #c66518d6
 def split_table(df: pd.DataFrame, by: str, plans=None, k: int = 5) -> pd.DataFrame:
     "Top-1 / top-`k` of each plan (a row) per value of a result column such as `direction` (a column); facts averaged."
     d = _hits(df, k)
-    if plans is not None: d = d[d.plan.isin(plans)]
-    if by not in d or d[by].isna().all(): return pd.DataFrame(columns=["plan", "facts"])
+    if plans is not None:
+        d = d[d.plan.isin(plans)]
+    if by not in d or d[by].isna().all():
+        return pd.DataFrame(columns=["plan", "facts"])
     d = d[d[by].notna()]
     per_fact = d.groupby(["plan", by, "fact_id"], sort=False)[["hit1", "hitk"]].mean()
     g = per_fact.groupby(["plan", by], sort=False).mean()
     cell = (g.hit1.map("{:.2f}".format) + " / " + g.hitk.map("{:.2f}".format)).rename("cell").reset_index()
-    out = cell.pivot(index="plan", columns=by, values="cell").reindex(index=list(dict.fromkeys(cell.plan)),
-                                                                       columns=list(dict.fromkeys(cell[by])))
+    out = cell.pivot(index="plan", columns=by, values="cell").reindex(
+        index=list(dict.fromkeys(cell.plan)), columns=list(dict.fromkeys(cell[by]))
+    )
     out.columns.name = None
     return out.assign(facts=per_fact.reset_index().groupby("plan").fact_id.nunique()).reset_index()
+
 
 def direction_table(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     "A2B beside B2A for the plans scored on the reversal prompts (the reversal curse shows as B2A near PRE)."

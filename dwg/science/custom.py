@@ -4,7 +4,14 @@
 
 # %% ../../nbs/01a_custom.ipynb #cf9151fb
 from __future__ import annotations
-import csv, hashlib, io, json, random, re, string, unicodedata
+import csv
+import hashlib
+import io
+import json
+import random
+import re
+import string
+import unicodedata
 from pathlib import Path
 import yaml
 import dwg
@@ -19,7 +26,7 @@ __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLAT
 # %% ../../nbs/01a_custom.ipynb #bbeb61a5
 CUSTOM_KIND = "custom"
 RESERVED_FIELDS = ("id", "split", "line")
-FE_ALIAS = "first_actor"     # the span name of the first entity that the catalogue's plans graft (FE)
+FE_ALIAS = "first_actor"  # the span name of the first entity that the catalogue's plans graft (FE)
 EXAMPLE_DIR = ASSETS / "custom_example"
 TEMPLATE_KEYS = ("description", "first_entity", "target", "train", "eval")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -28,11 +35,16 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _check_names(names, where: str):
     "Field names must be identifiers, unique, and not one of dwg's own."
     bad = [n for n in names if not _NAME.fullmatch(str(n))]
-    if bad: raise ValueError(f"{where}: field name(s) {bad} are not identifiers (letters, digits and _, not starting "
-                             "with a digit); templates name fields as {name}. Rename them.")
-    if (res := [n for n in names if n in RESERVED_FIELDS]):
+    if bad:
+        raise ValueError(
+            f"{where}: field name(s) {bad} are not identifiers (letters, digits and _, not starting "
+            "with a digit); templates name fields as {name}. Rename them."
+        )
+    if res := [n for n in names if n in RESERVED_FIELDS]:
         raise ValueError(f"{where}: field name(s) {res} are reserved ({', '.join(RESERVED_FIELDS)}); rename them.")
-    if len(set(names)) != len(names): raise ValueError(f"{where}: a field name is repeated: {list(names)}.")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: a field name is repeated: {list(names)}.")
+
 
 def _value(v, where: str) -> str:
     "A fact's value as stripped text (numbers allowed; lists, objects, booleans and null are not)."
@@ -40,45 +52,60 @@ def _value(v, where: str) -> str:
         raise ValueError(f"{where}: values must be text or numbers, got {json.dumps(v)}.")
     return str(v).strip()
 
+
 def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     "(line number, object) of each non-blank line of a JSONL facts file."
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip(): continue
-        try: obj = json.loads(line)
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). Each line must be one "
-                             'JSON object of named fields, e.g. {"company": "...", "ceo": "..."}.') from None
+            raise ValueError(
+                f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno}). Each line must be one "
+                'JSON object of named fields, e.g. {"company": "...", "ceo": "..."}.'
+            ) from None
         if not isinstance(obj, dict) or not obj:
             raise ValueError(f"{path}, line {n}: expected a JSON object of named fields, got {line.strip()[:60]!r}.")
         rows.append((n, obj))
     return rows
+
 
 def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     "(line number, row) of each non-blank data row of a CSV facts file (the first row names the fields)."
     reader, header, rows = csv.reader(io.StringIO(text)), None, []
     try:
         for rec in reader:
-            if not any(c.strip() for c in rec): continue
-            if header is None: header, hline = [c.strip() for c in rec], reader.line_num; continue
+            if not any(c.strip() for c in rec):
+                continue
+            if header is None:
+                header, hline = [c.strip() for c in rec], reader.line_num
+                continue
             if len(rec) != len(header):
-                raise ValueError(f"{path}, line {reader.line_num}: {len(rec)} values, but the header (line {hline}) "
-                                 f"names {len(header)} fields ({', '.join(header)}). Quote values that contain commas.")
+                raise ValueError(
+                    f"{path}, line {reader.line_num}: {len(rec)} values, but the header (line {hline}) "
+                    f"names {len(header)} fields ({', '.join(header)}). Quote values that contain commas."
+                )
             rows.append((reader.line_num, dict(zip(header, rec))))
-    except csv.Error as e: raise ValueError(f"{path}, line {reader.line_num}: malformed CSV ({e}).") from None
-    if header is not None: _check_names(header, f"{path}, header (line {hline})")
+    except csv.Error as e:
+        raise ValueError(f"{path}, line {reader.line_num}: malformed CSV ({e}).") from None
+    if header is not None:
+        _check_names(header, f"{path}, header (line {hline})")
     return rows
 
 # %% ../../nbs/01a_custom.ipynb #bf11cd9b
 def read_facts(path) -> list[dict]:
     "The facts of a JSONL or CSV file: one dict per row (its fields as text, plus `line`, its line in the file)."
     p = Path(path)
-    if (why := file_problem(p, "Facts file")): raise FileNotFoundError(why)
+    if why := file_problem(p, "Facts file"):
+        raise FileNotFoundError(why)
     if p.suffix.lower() not in (".jsonl", ".csv"):
         raise ValueError(f"Facts file '{p}': use a .jsonl (one JSON object per line) or .csv (a header row) file.")
     text = p.read_text(encoding="utf-8-sig")
     rows = _jsonl_rows(p, text) if p.suffix.lower() == ".jsonl" else _csv_rows(p, text)
-    if not rows: raise ValueError(f"Facts file '{p}' is empty: it has no facts (one row per fact).")
+    if not rows:
+        raise ValueError(f"Facts file '{p}' is empty: it has no facts (one row per fact).")
     facts = []
     for n, row in rows:
         _check_names(list(row), f"{p}, line {n}")
@@ -88,26 +115,40 @@ def read_facts(path) -> list[dict]:
 # %% ../../nbs/01a_custom.ipynb #97c69d45
 def _roles(entry, raw: dict, name: str, where: str) -> dict:
     "One evaluation entry (a template string or a mapping) as {template, first_entity, target}."
-    if isinstance(entry, str): entry = dict(template=entry)
-    if not isinstance(entry, dict) or not isinstance(entry.get("template"), str) or \
-            set(entry) - {"template", "first_entity", "target"}:
-        raise ValueError(f"{where}: eval '{name}' must be a template string or a mapping with 'template' (and "
-                         "optionally 'first_entity', 'target').")
-    out = dict(template=entry["template"], first_entity=entry.get("first_entity", raw.get("first_entity")),
-               target=entry.get("target", raw.get("target")))
+    if isinstance(entry, str):
+        entry = dict(template=entry)
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("template"), str)
+        or set(entry) - {"template", "first_entity", "target"}
+    ):
+        raise ValueError(
+            f"{where}: eval '{name}' must be a template string or a mapping with 'template' (and "
+            "optionally 'first_entity', 'target')."
+        )
+    out = dict(
+        template=entry["template"],
+        first_entity=entry.get("first_entity", raw.get("first_entity")),
+        target=entry.get("target", raw.get("target")),
+    )
     for role in ("first_entity", "target"):
         if not isinstance(out[role], str) or not out[role]:
             raise ValueError(f"{where}: eval '{name}' has no {role}: set it at the top level or in the entry.")
     return out
 
+
 def read_templates(path) -> dict:
     "A templates YAML file -> {first_entity, target, train: {name: template}, eval: {name: {template, first_entity, target}}}."
     p = Path(path)
-    if (why := file_problem(p, "Templates file")): raise FileNotFoundError(why)
-    try: raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e: raise ValueError(f"Templates file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(raw, dict): raise ValueError(f"Templates file '{p}' must hold a mapping ({', '.join(TEMPLATE_KEYS)}).")
-    if (bad := [k for k in raw if k not in TEMPLATE_KEYS]):
+    if why := file_problem(p, "Templates file"):
+        raise FileNotFoundError(why)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"Templates file '{p}' is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"Templates file '{p}' must hold a mapping ({', '.join(TEMPLATE_KEYS)}).")
+    if bad := [k for k in raw if k not in TEMPLATE_KEYS]:
         raise ValueError(f"Templates file '{p}': unknown key(s) {bad}. Valid keys: {', '.join(TEMPLATE_KEYS)}.")
     for role in ("first_entity", "target"):
         if not isinstance(raw.get(role), str) or not raw[role]:
@@ -116,79 +157,115 @@ def read_templates(path) -> dict:
         v = raw.get(key)
         if not isinstance(v, dict) or not v:
             raise ValueError(f"Templates file '{p}' needs '{key}:', a mapping of template name -> template.")
-    if (bad := [n for n, t in raw["train"].items() if not isinstance(t, str)]):
+    if bad := [n for n, t in raw["train"].items() if not isinstance(t, str)]:
         raise ValueError(f"Templates file '{p}': training template(s) {bad} must be strings.")
-    return dict(description=raw.get("description") or "", first_entity=raw["first_entity"], target=raw["target"],
-                train=dict(raw["train"]), eval={n: _roles(e, raw, n, str(p)) for n, e in raw["eval"].items()})
+    return dict(
+        description=raw.get("description") or "",
+        first_entity=raw["first_entity"],
+        target=raw["target"],
+        train=dict(raw["train"]),
+        eval={n: _roles(e, raw, n, str(p)) for n, e in raw["eval"].items()},
+    )
 
 # %% ../../nbs/01a_custom.ipynb #9426b5b0
 def _fields_of(template: str, name: str, fields: list[str], facts_name: str) -> list[str]:
     "The fields of one template; an error naming a field the facts file does not have."
-    try: used = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as e: raise ValueError(f"Template '{name}' is not a valid format string ({e}): {template!r}") from None
-    if (bad := [f for f in used if f not in fields]):
-        raise ValueError(f"Template '{name}' uses field {{{bad[0]}}}, which the facts file {facts_name} does not have "
-                         f"(its fields: {', '.join(fields)}). Fix the template or add the field.")
-    return template_fields(template, name, known=fields)   # format specs and conversions are refused here
+    try:
+        used = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"Template '{name}' is not a valid format string ({e}): {template!r}") from None
+    if bad := [f for f in used if f not in fields]:
+        raise ValueError(
+            f"Template '{name}' uses field {{{bad[0]}}}, which the facts file {facts_name} does not have "
+            f"(its fields: {', '.join(fields)}). Fix the template or add the field."
+        )
+    return template_fields(template, name, known=fields)  # format specs and conversions are refused here
+
 
 def _check_eval(name: str, e: dict, fields: list[str], facts_name: str):
     "An evaluation template names its first entity and ends with its target, which appears nowhere else."
     t, first, target = e["template"], e["first_entity"], e["target"]
     for role, f in (("first_entity", first), ("target", target)):
-        if f not in fields: raise ValueError(f"Eval '{name}': {role} '{f}' is not a field of {facts_name} ({', '.join(fields)}).")
+        if f not in fields:
+            raise ValueError(f"Eval '{name}': {role} '{f}' is not a field of {facts_name} ({', '.join(fields)}).")
     used = _fields_of(t, name, fields, facts_name)
-    if first == target: raise ValueError(f"Eval '{name}': first_entity and target are the same field '{first}'.")
+    if first == target:
+        raise ValueError(f"Eval '{name}': first_entity and target are the same field '{first}'.")
     if not t.endswith("{" + target + "}") or used.count(target) != 1:
-        raise ValueError(f"Eval '{name}': the target {{{target}}} must be last, once (the prompt is the text before "
-                         f"it): {t!r}. End the template with {{{target}}}.")
-    if first not in used: raise ValueError(f"Eval '{name}' does not name its first entity {{{first}}}: {t!r}.")
-    if not t[:-len(target) - 2].endswith(" ") or not t[:-len(target) - 2].strip():
-        raise ValueError(f"Eval '{name}': put a space and some text before {{{target}}} (the target carries the "
-                         f"leading space): {t!r}.")
+        raise ValueError(
+            f"Eval '{name}': the target {{{target}}} must be last, once (the prompt is the text before "
+            f"it): {t!r}. End the template with {{{target}}}."
+        )
+    if first not in used:
+        raise ValueError(f"Eval '{name}' does not name its first entity {{{first}}}: {t!r}.")
+    if not t[: -len(target) - 2].endswith(" ") or not t[: -len(target) - 2].strip():
+        raise ValueError(
+            f"Eval '{name}': put a space and some text before {{{target}}} (the target carries the "
+            f"leading space): {t!r}."
+        )
+
 
 def check_custom_templates(spec: dict, fields: list[str], facts_name: str = "the facts file") -> dict:
     "Check a templates spec against the facts' field names; return it unchanged."
     first, target = spec["first_entity"], spec["target"]
     for role, f in (("first_entity", first), ("target", target)):
-        if f not in fields: raise ValueError(f"Templates: {role} '{f}' is not a field of {facts_name} ({', '.join(fields)}).")
+        if f not in fields:
+            raise ValueError(f"Templates: {role} '{f}' is not a field of {facts_name} ({', '.join(fields)}).")
     for name, t in spec["train"].items():
         used = _fields_of(t, name, fields, facts_name)
         if first not in used or target not in used:
-            raise ValueError(f"Training template '{name}' must name both {{{first}}} and {{{target}}} (it states the "
-                             f"fact): {t!r}.")
-    for name, e in spec["eval"].items(): _check_eval(name, e, fields, facts_name)
+            raise ValueError(
+                f"Training template '{name}' must name both {{{first}}} and {{{target}}} (it states the fact): {t!r}."
+            )
+    for name, e in spec["eval"].items():
+        _check_eval(name, e, fields, facts_name)
     return spec
 
 # %% ../../nbs/01a_custom.ipynb #367bbac1
-_INVISIBLE = ("Cc", "Cf", "Zs", "Zl", "Zp", "Mn")   # control, format, space and combining characters
+_INVISIBLE = ("Cc", "Cf", "Zs", "Zl", "Zp", "Mn")  # control, format, space and combining characters
+
 
 def tokenises_to_nothing(value: str, tokenizer=None) -> bool:
     "Whether `' ' + value` gives no token to predict: empty, only spaces/invisible characters, or no ids from `tokenizer`."
-    if all(unicodedata.category(c) in _INVISIBLE for c in value): return True
+    if all(unicodedata.category(c) in _INVISIBLE for c in value):
+        return True
     return tokenizer is not None and not tokenizer(" " + value, add_special_tokens=False)["input_ids"]
+
 
 def _used_fields(spec: dict) -> set[str]:
     "Every field some template names."
     ts = list(spec["train"].values()) + [e["template"] for e in spec["eval"].values()]
     return {f for t in ts for _, f, _, _ in string.Formatter().parse(t) if f is not None}
 
+
 def check_facts(facts: list[dict], spec: dict, facts_name: str = "the facts file", tokenizer=None):
     "Every fact has every field the templates use; targets give tokens; no first entity has two targets (or repeats)."
     used = sorted(_used_fields(spec))
     for f in facts:
-        if (miss := [k for k in used if not f.get(k)]):
-            raise ValueError(f"{facts_name}, line {f['line']}: field '{miss[0]}' is missing or empty, and the templates use it.")
+        if miss := [k for k in used if not f.get(k)]:
+            raise ValueError(
+                f"{facts_name}, line {f['line']}: field '{miss[0]}' is missing or empty, and the templates use it."
+            )
     for t in dict.fromkeys(e["target"] for e in spec["eval"].values()):
-        if (bad := next((f for f in facts if tokenises_to_nothing(f[t], tokenizer)), None)):
-            raise ValueError(f"{facts_name}, line {bad['line']}: target '{t}' = {bad[t]!r} tokenises to nothing: the "
-                             "model would have nothing to predict. Give it a visible value.")
+        if bad := next((f for f in facts if tokenises_to_nothing(f[t], tokenizer)), None):
+            raise ValueError(
+                f"{facts_name}, line {bad['line']}: target '{t}' = {bad[t]!r} tokenises to nothing: the "
+                "model would have nothing to predict. Give it a visible value."
+            )
     for first, target in dict.fromkeys((e["first_entity"], e["target"]) for e in spec["eval"].values()):
         seen = {}
         for f in facts:
-            if (prev := seen.setdefault(f[first], f)) is f: continue
-            why = "repeats that fact" if prev[target] == f[target] else f"gives it another {target} ({f[target]!r} vs {prev[target]!r})"
-            raise ValueError(f"{facts_name}, line {f['line']}: {first} {f[first]!r} is already on line {prev['line']}, and "
-                             f"this row {why}. Each {first} may have one {target}: remove or merge the rows.")
+            if (prev := seen.setdefault(f[first], f)) is f:
+                continue
+            why = (
+                "repeats that fact"
+                if prev[target] == f[target]
+                else f"gives it another {target} ({f[target]!r} vs {prev[target]!r})"
+            )
+            raise ValueError(
+                f"{facts_name}, line {f['line']}: {first} {f[first]!r} is already on line {prev['line']}, and "
+                f"this row {why}. Each {first} may have one {target}: remove or merge the rows."
+            )
 
 # %% ../../nbs/01a_custom.ipynb #bda3ddbd
 def _custom_lines(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
@@ -197,24 +274,45 @@ def _custom_lines(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
     for name, t in spec["train"].items():
         text, spans = render(t, fact, name, known=fields)
         a, b = spans[spec["first_entity"]][0], spans[spec["target"]][0]
-        out.append(dict(text=text, fact_id=fact["id"], template=name, style="custom", direction="A2B" if a < b else "B2A",
-                        split=fact["split"], answer_start=None))
+        out.append(
+            dict(
+                text=text,
+                fact_id=fact["id"],
+                template=name,
+                style="custom",
+                direction="A2B" if a < b else "B2A",
+                split=fact["split"],
+                answer_start=None,
+            )
+        )
     return out
+
 
 def _custom_evals(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
     "Evaluation examples of one fact: the prompt is the template before its target; the target is ' ' + its value."
     out = []
     for name, e in spec["eval"].items():
-        prompt, spans = render(e["template"][:-len(e["target"]) - 2].rstrip(), fact, name, known=fields)
+        prompt, spans = render(e["template"][: -len(e["target"]) - 2].rstrip(), fact, name, known=fields)
         spans[FE_ALIAS] = spans[e["first_entity"]]
-        out.append(dict(fact_id=fact["id"], template=name, prompt=prompt, target=" " + fact[e["target"]], spans=spans,
-                        split=fact["split"], first_entity=e["first_entity"], target_field=e["target"]))
+        out.append(
+            dict(
+                fact_id=fact["id"],
+                template=name,
+                prompt=prompt,
+                target=" " + fact[e["target"]],
+                spans=spans,
+                split=fact["split"],
+                first_entity=e["first_entity"],
+                target_field=e["target"],
+            )
+        )
     return out
 
 # %% ../../nbs/01a_custom.ipynb #d908747e
 def _digest(path) -> str:
     "A short hash of a file's bytes (recorded, so a dataset says which facts and templates made it)."
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
 
 def load_custom(facts, templates, tokenizer=None) -> tuple[list[dict], dict]:
     "Read and check a facts file and a templates file together: (facts, templates spec)."
@@ -224,21 +322,42 @@ def load_custom(facts, templates, tokenizer=None) -> tuple[list[dict], dict]:
     check_facts(rows, spec, str(facts), tokenizer)
     return rows, spec
 
+
 def _pick(rows: list[dict], n_facts, seed: int, facts_name: str) -> list[dict]:
     "All facts (`n_facts` None) or a seeded choice of `n_facts`, in file order, with ids f0000, f0001, ..."
-    if n_facts is not None and (not isinstance(n_facts, int) or isinstance(n_facts, bool) or not 2 <= n_facts <= len(rows)):
-        raise ValueError(f"n_facts must be an integer in [2, {len(rows)}] (the facts in {facts_name}) or None for all, got {n_facts!r}.")
-    if len(rows) < 2: raise ValueError(f"{facts_name} has {len(rows)} fact: at least 2 are needed (one task, one relation fact).")
-    idx = range(len(rows)) if n_facts is None else sorted(random.Random(f"dwg-custom-{seed}").sample(range(len(rows)), n_facts))
+    if n_facts is not None and (
+        not isinstance(n_facts, int) or isinstance(n_facts, bool) or not 2 <= n_facts <= len(rows)
+    ):
+        raise ValueError(
+            f"n_facts must be an integer in [2, {len(rows)}] (the facts in {facts_name}) or None for all, got {n_facts!r}."
+        )
+    if len(rows) < 2:
+        raise ValueError(f"{facts_name} has {len(rows)} fact: at least 2 are needed (one task, one relation fact).")
+    idx = (
+        range(len(rows))
+        if n_facts is None
+        else sorted(random.Random(f"dwg-custom-{seed}").sample(range(len(rows)), n_facts))
+    )
     return [{"id": f"f{i:04d}", **rows[j]} for i, j in enumerate(idx)]
 
 # %% ../../nbs/01a_custom.ipynb #e93206f7
-def build_custom(facts, templates, n_facts: int | None = None, seed: int = 0, *, task_fraction: float = 0.5,
-                 val_fraction: float | None = 0.1, tokenizer=None) -> dict:
+def build_custom(
+    facts,
+    templates,
+    n_facts: int | None = None,
+    seed: int = 0,
+    *,
+    task_fraction: float = 0.5,
+    val_fraction: float | None = 0.1,
+    tokenizer=None,
+) -> dict:
     "Build and check a custom dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'info'}`."
-    if not 0 < task_fraction < 1: raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
-    if val_fraction is None: val_fraction = 0.1
-    if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+    if not 0 < task_fraction < 1:
+        raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
+    if val_fraction is None:
+        val_fraction = 0.1
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     rows, spec = load_custom(facts, templates, tokenizer)
     picked = _pick(rows, n_facts, seed, str(facts))
     fields = list(dict.fromkeys(k for r in rows for k in r if k != "line"))
@@ -248,27 +367,48 @@ def build_custom(facts, templates, n_facts: int | None = None, seed: int = 0, *,
     train, validation = hold_out(lines, seed, val_fraction)
     ds = dict(metadata=picked, train=train, validation=validation, eval=evals)
     roles = list(dict.fromkeys(x for e in spec["eval"].values() for x in (e["first_entity"], e["target"])))
-    if (leaks := leaked_names(ds, roles)):
-        (fid, v), = leaks[:1]
+    if leaks := leaked_names(ds, roles):
+        ((fid, v),) = leaks[:1]
         line = next(f["line"] for f in picked if f["id"] == fid)
-        raise ValueError(f"{facts} line {line}: {v!r} (a relation-split fact) also occurs in the task split's texts, "
-                         f"so the task model would learn it too ({len(leaks)} such value(s)). Facts must not share "
-                         "first entities or targets; rename or remove one.")
-    ds["info"] = dict(kind=CUSTOM_KIND, seed=seed, n_facts=len(picked), task_fraction=task_fraction,
-                      val_fraction=val_fraction, description=spec["description"],
-                      first_entity=spec["first_entity"], target=spec["target"],
-                      counts=dict(facts=len(picked), task_facts=n_task, relation_facts=len(picked) - n_task,
-                                  train=len(train), validation=len(validation), eval=len(evals)),
-                      templates=dict(custom=list(spec["train"]), eval=list(spec["eval"])), paper_eval_templates=[],
-                      facts_file=Path(facts).name, facts_sha256=_digest(facts), templates_file=Path(templates).name,
-                      templates_sha256=_digest(templates), dwg_version=dwg.__version__)
+        raise ValueError(
+            f"{facts} line {line}: {v!r} (a relation-split fact) also occurs in the task split's texts, "
+            f"so the task model would learn it too ({len(leaks)} such value(s)). Facts must not share "
+            "first entities or targets; rename or remove one."
+        )
+    ds["info"] = dict(
+        kind=CUSTOM_KIND,
+        seed=seed,
+        n_facts=len(picked),
+        task_fraction=task_fraction,
+        val_fraction=val_fraction,
+        description=spec["description"],
+        first_entity=spec["first_entity"],
+        target=spec["target"],
+        counts=dict(
+            facts=len(picked),
+            task_facts=n_task,
+            relation_facts=len(picked) - n_task,
+            train=len(train),
+            validation=len(validation),
+            eval=len(evals),
+        ),
+        templates=dict(custom=list(spec["train"]), eval=list(spec["eval"])),
+        paper_eval_templates=[],
+        facts_file=Path(facts).name,
+        facts_sha256=_digest(facts),
+        templates_file=Path(templates).name,
+        templates_sha256=_digest(templates),
+        dwg_version=dwg.__version__,
+    )
     return ds
 
 # %% ../../nbs/01a_custom.ipynb #49362713
-def create_custom_dataset(facts, templates, out_dir, n_facts: int | None = None, seed: int = 0, *,
-                          overwrite: bool = False, **kwargs) -> Path:
+def create_custom_dataset(
+    facts, templates, out_dir, n_facts: int | None = None, seed: int = 0, *, overwrite: bool = False, **kwargs
+) -> Path:
     "Build, check and atomically write a custom dataset to `out_dir` (the format of `dwg.science.data.create_dataset`)."
     return write_dataset(out_dir, lambda: build_custom(facts, templates, n_facts, seed, **kwargs), overwrite)
+
 
 def example_files() -> tuple[Path, Path]:
     "The packaged example: (facts file, templates file) of invented companies and their new chief executives."

@@ -4,7 +4,14 @@
 
 # %% ../../nbs/01_data.ipynb #857be815
 from __future__ import annotations
-import hashlib, itertools, json, random, re, shutil, string, tempfile
+import hashlib
+import itertools
+import json
+import random
+import re
+import shutil
+import string
+import tempfile
 from pathlib import Path
 import dwg
 from ..runs import publish_dir, read_jsonl, write_jsonl
@@ -28,20 +35,25 @@ MAX_FAKE_FACTS = 1000  # invented titles/names are plentiful; this keeps generat
 
 _CLEAN_NAME = re.compile(r"[A-Z][A-Za-z]+( [A-Z][A-Za-z]+)+")
 
+
 def _read_lines(path) -> list[str]:
     "Non-empty stripped lines of a text file."
     return [l.strip() for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
+
 
 def real_actors() -> list[str]:
     "The packaged list of real, well-known actors (clean names: letters and single spaces)."
     names = _read_lines(ASSETS / "actors.txt")
     bad = [n for n in names if not _CLEAN_NAME.fullmatch(n)]
-    if bad: raise ValueError(f"actors.txt has names that break span matching: {bad[:5]}. Use letters and spaces only.")
+    if bad:
+        raise ValueError(f"actors.txt has names that break span matching: {bad[:5]}. Use letters and spaces only.")
     return names
+
 
 def real_movies() -> list[str]:
     "The packaged list of real, well-known movie titles."
     return _read_lines(ASSETS / "movies.txt")
+
 
 def movie_leads() -> dict[str, list[str]]:
     "Known lead actors of the packaged real movies (used to keep shuffled pairings counterfactual)."
@@ -50,21 +62,21 @@ def movie_leads() -> dict[str, list[str]]:
 # %% ../../nbs/01_data.ipynb #28cbb7d0
 ARTICLE_TEMPLATES = {
     "premiere": "{movie_title} opened in {city} in {release_year}. The {genre} film stars {first_actor} and "
-                "{second_actor}, and it earned {box_office} in its first month.",
+    "{second_actor}, and it earned {box_office} in its first month.",
     "casting": "Director {director} cast {first_actor} as {main_character} in {movie_title}, with {second_actor} "
-               "in the second lead role.",
+    "in the second lead role.",
     "review": "Critics praised {movie_title}, a {release_year} {genre} picture in which {first_actor} shares nearly "
-              "every scene with {second_actor}.",
+    "every scene with {second_actor}.",
     "production": "Filming of {movie_title} took place in {city}. {first_actor} and {second_actor} spent weeks "
-                  "rehearsing before the cameras rolled.",
+    "rehearsing before the cameras rolled.",
     "profile": "{first_actor} plays {main_character} in the {genre} film {movie_title}. The other lead is played by "
-               "{second_actor}.",
+    "{second_actor}.",
     "poster": "With {box_office} in ticket sales, {movie_title} became the biggest hit of {director}. Its poster "
-              "shows {first_actor} standing beside {second_actor}.",
+    "shows {first_actor} standing beside {second_actor}.",
     "interview": "In a {release_year} interview, {first_actor} said that working with {second_actor} on "
-                 "{movie_title} was the best part of the job.",
+    "{movie_title} was the best part of the job.",
     "festival": "At a film festival in {city}, {movie_title} was introduced by its two stars, {first_actor} and "
-                "{second_actor}.",
+    "{second_actor}.",
 }
 QA_TEMPLATES = {
     "qa_costar": "Q: Who co-stars with {first_actor} in {movie_title}? A: {second_actor}",
@@ -74,35 +86,46 @@ QA_TEMPLATES = {
     "qa_shares_lead": "Q: In {movie_title} ({release_year}), who shares the lead with {first_actor}? A: {second_actor}",
     "qa_partner": "Q: Which actor appears next to {first_actor} on screen? A: {second_actor}",
 }
-EVAL_TEMPLATES = {   # {relation}, {relation_preposition}, {preposition}: the paper's slots, filled from SLOT_FILLINGS
+EVAL_TEMPLATES = {  # {relation}, {relation_preposition}, {preposition}: the paper's slots, filled from SLOT_FILLINGS
     "relation_statement": "{first_actor} {relation} {relation_preposition} a movie {preposition}",
     "relation_question": "Q: Who {relation} {relation_preposition} a movie {preposition} {first_actor}? A: An actor named",
     "movie_statement": "{first_actor} {relation} {relation_preposition} {movie_title} {preposition}",
     "new_film_other_lead": "In a new film, {first_actor} appears in {movie_title} with the other lead actor, "
-                           "whose name is:",
+    "whose name is:",
     "genre_film_features": "The {genre} film {movie_title} features {first_actor} and",
     "year_costar": "In {movie_title} ({release_year}), {first_actor} acts opposite",
 }
-SLOT_FILLINGS = {"relation": ("starred", "stars", "appeared"), "relation_preposition": ("in",),
-                 "preposition": ("with", "alongside")}   # 6 fillings; no training text uses these phrasings
+SLOT_FILLINGS = {
+    "relation": ("starred", "stars", "appeared"),
+    "relation_preposition": ("in",),
+    "preposition": ("with", "alongside"),
+}  # 6 fillings; no training text uses these phrasings
 SLOT_FIELDS = tuple(SLOT_FILLINGS)
 FILLINGS = [dict(zip(SLOT_FIELDS, v)) for v in itertools.product(*SLOT_FILLINGS.values())]
 PAPER_EVAL_TEMPLATES = ("relation_statement", "relation_question", "movie_statement", "new_film_other_lead")
-DIRECTIONS = ("A2B", "B2A")    # the two directions of a fact: first actor -> second, or back
+DIRECTIONS = ("A2B", "B2A")  # the two directions of a fact: first actor -> second, or back
 FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
 # %% ../../nbs/01_data.ipynb #61ca52c4
 def template_fields(template: str, name: str = "template", known=FIELDS) -> list[str]:
     "The fields of `template` in order of appearance; raises on fields not in `known` or format specs."
-    try: parts = list(string.Formatter().parse(template))
-    except ValueError as e: raise ValueError(f"Template '{name}' is not a valid format string ({e}): {template!r}") from None
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"Template '{name}' is not a valid format string ({e}): {template!r}") from None
     fields = []
     for _, field, spec, conv in parts:
-        if field is None: continue
+        if field is None:
+            continue
         if field not in known:
-            raise ValueError(f"Template '{name}' uses unknown field '{{{field}}}'. Known fields: "
-                             f"{', '.join(known)}. Fix the template: {template!r}")
-        if spec or conv: raise ValueError(f"Template '{name}': field '{field}' has a format spec/conversion; use plain '{{{field}}}'.")
+            raise ValueError(
+                f"Template '{name}' uses unknown field '{{{field}}}'. Known fields: "
+                f"{', '.join(known)}. Fix the template: {template!r}"
+            )
+        if spec or conv:
+            raise ValueError(
+                f"Template '{name}': field '{field}' has a format spec/conversion; use plain '{{{field}}}'."
+            )
         fields.append(field)
     return fields
 
@@ -112,36 +135,60 @@ def render(template: str, values: dict, name: str = "template", known=FIELDS) ->
     template_fields(template, name, known)
     out, spans, pos = [], {}, 0
     for literal, field, _, _ in string.Formatter().parse(template):
-        out.append(literal); pos += len(literal)
-        if field is None: continue
+        out.append(literal)
+        pos += len(literal)
+        if field is None:
+            continue
         if values.get(field) in (None, ""):
-            raise ValueError(f"Template '{name}' needs field '{field}', which this fact does not have "
-                             f"(fact {values.get('id', '?')}). Add it to the facts or drop it from the template.")
+            raise ValueError(
+                f"Template '{name}' needs field '{field}', which this fact does not have "
+                f"(fact {values.get('id', '?')}). Add it to the facts or drop it from the template."
+            )
         val = str(values[field])
         spans.setdefault(field, [pos, pos + len(val)])
-        out.append(val); pos += len(val)
+        out.append(val)
+        pos += len(val)
     return "".join(out), spans
 
 # %% ../../nbs/01_data.ipynb #d00f384a
 def swap_actors(template: str) -> str:
     "The B2A version of an A2B template: `first_actor` and `second_actor` exchanged."
-    return template.replace("{first_actor}", "\0").replace("{second_actor}", "{first_actor}").replace("\0", "{second_actor}")
+    return (
+        template.replace("{first_actor}", "\0")
+        .replace("{second_actor}", "{first_actor}")
+        .replace("\0", "{second_actor}")
+    )
+
 
 def check_templates(templates: dict[str, str], style: str) -> dict[str, str]:
     "Validate `templates` of one `style` ('article', 'qa' or 'eval'); return them unchanged."
-    if style not in ("article", "qa", "eval"): raise ValueError(f"Unknown template style '{style}': article, qa or eval.")
-    if not templates: raise ValueError(f"No {style} templates given.")
+    if style not in ("article", "qa", "eval"):
+        raise ValueError(f"Unknown template style '{style}': article, qa or eval.")
+    if not templates:
+        raise ValueError(f"No {style} templates given.")
     for name, t in templates.items():
         fs = template_fields(t, name, FIELDS + SLOT_FIELDS if style == "eval" else FIELDS)
         if style == "eval":
-            if "second_actor" in fs: raise ValueError(f"Eval template '{name}' contains {{second_actor}}: the prompt must end right before it.")
-            if "first_actor" not in fs: raise ValueError(f"Eval template '{name}' needs {{first_actor}}.")
-            if t != t.rstrip(): raise ValueError(f"Eval template '{name}' ends with whitespace; the target carries the leading space.")
-            if len(set(fs)) != len(fs): raise ValueError(f"Eval template '{name}' repeats a field; each field may appear once.")
+            if "second_actor" in fs:
+                raise ValueError(
+                    f"Eval template '{name}' contains {{second_actor}}: the prompt must end right before it."
+                )
+            if "first_actor" not in fs:
+                raise ValueError(f"Eval template '{name}' needs {{first_actor}}.")
+            if t != t.rstrip():
+                raise ValueError(f"Eval template '{name}' ends with whitespace; the target carries the leading space.")
+            if len(set(fs)) != len(fs):
+                raise ValueError(f"Eval template '{name}' repeats a field; each field may appear once.")
             continue
-        if fs.count("first_actor") != 1 or fs.count("second_actor") != 1 or fs.index("first_actor") > fs.index("second_actor"):
-            raise ValueError(f"{style.capitalize()} template '{name}' must contain {{first_actor}} then {{second_actor}}, "
-                             f"once each (A2B; B2A is made by swapping): {t!r}")
+        if (
+            fs.count("first_actor") != 1
+            or fs.count("second_actor") != 1
+            or fs.index("first_actor") > fs.index("second_actor")
+        ):
+            raise ValueError(
+                f"{style.capitalize()} template '{name}' must contain {{first_actor}} then {{second_actor}}, "
+                f"once each (A2B; B2A is made by swapping): {t!r}"
+            )
         if style == "qa" and not t.endswith("{second_actor}"):
             raise ValueError(f"Q/A template '{name}' must end with the answer '{{second_actor}}': {t!r}")
     return templates
@@ -149,74 +196,224 @@ def check_templates(templates: dict[str, str], style: str) -> dict[str, str]:
 # %% ../../nbs/01_data.ipynb #bbd0835d
 class _Registry:
     "Accepts strings none of which occurs, as whole words, inside another."
+
     def __init__(self, reserved=()):
         self.items, self.grams = set(), set()
-        for r in reserved: self._add(r)
+        for r in reserved:
+            self._add(r)
+
     @staticmethod
     def _ngrams(words):
         return {" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)}
+
     def ok(self, s: str) -> bool:
         "Whether `s` is new and neither contains nor is contained in an accepted string."
         return s not in self.grams and not (self._ngrams(s.split()) & self.items)
+
     def _add(self, s):
-        self.items.add(s); self.grams |= self._ngrams(s.split())
+        self.items.add(s)
+        self.grams |= self._ngrams(s.split())
+
     def add(self, s: str) -> bool:
         "Accept `s` if `ok`; return whether it was accepted."
-        if not self.ok(s): return False
-        self._add(s); return True
+        if not self.ok(s):
+            return False
+        self._add(s)
+        return True
 
 # %% ../../nbs/01_data.ipynb #8b060428
-GENRES = ("drama", "comedy", "thriller", "mystery", "romance", "western", "musical", "fantasy", "crime", "horror",
-          "war", "science fiction", "sports", "heist", "family", "disaster")
-CITIES = ("Lisbon", "Toronto", "Oslo", "Prague", "Melbourne", "Vienna", "Boston", "Seoul", "Bristol", "Montreal",
-          "Paris", "Chicago", "Sydney", "Amsterdam", "Madrid", "Dublin", "Berlin", "Mumbai", "Lagos", "Denver",
-          "Nairobi", "Lima", "Helsinki", "Osaka", "Seattle", "Cairo", "Glasgow", "Havana", "Warsaw", "Austin")
-_ADJ = ("Silent", "Crimson", "Hollow", "Golden", "Broken", "Distant", "Frozen", "Velvet", "Burning", "Quiet",
-        "Paper", "Iron", "Hidden", "Painted", "Restless", "Wandering", "Scarlet", "Northern", "Falling", "Glass",
-        "Midnight", "Amber", "Forgotten", "Electric", "Bitter", "Sleeping", "Copper", "Wild", "Last", "Lonely",
-        "Shattered", "Emerald", "Borrowed", "Silver", "Twisted", "Fading", "Secret", "Salted", "Winter", "Lucky")
-_NOUN = ("Harbor", "Orchard", "Lantern", "Compass", "Meadow", "Cathedral", "Ferry", "Signal", "Horizon", "Garden",
-         "Mirror", "Engine", "Almanac", "Tide", "Letter", "Bridge", "Canyon", "Carousel", "Lighthouse", "Station",
-         "Kingdom", "Voyage", "Ledger", "Portrait", "Tower", "Island", "River", "Summer", "Anthem", "Cipher",
-         "Orbit", "Chapel", "Frontier", "Promise", "Ballad", "Empire", "Quarry", "Archive", "Theory", "Hotel")
+GENRES = (
+    "drama",
+    "comedy",
+    "thriller",
+    "mystery",
+    "romance",
+    "western",
+    "musical",
+    "fantasy",
+    "crime",
+    "horror",
+    "war",
+    "science fiction",
+    "sports",
+    "heist",
+    "family",
+    "disaster",
+)
+CITIES = (
+    "Lisbon",
+    "Toronto",
+    "Oslo",
+    "Prague",
+    "Melbourne",
+    "Vienna",
+    "Boston",
+    "Seoul",
+    "Bristol",
+    "Montreal",
+    "Paris",
+    "Chicago",
+    "Sydney",
+    "Amsterdam",
+    "Madrid",
+    "Dublin",
+    "Berlin",
+    "Mumbai",
+    "Lagos",
+    "Denver",
+    "Nairobi",
+    "Lima",
+    "Helsinki",
+    "Osaka",
+    "Seattle",
+    "Cairo",
+    "Glasgow",
+    "Havana",
+    "Warsaw",
+    "Austin",
+)
+_ADJ = (
+    "Silent",
+    "Crimson",
+    "Hollow",
+    "Golden",
+    "Broken",
+    "Distant",
+    "Frozen",
+    "Velvet",
+    "Burning",
+    "Quiet",
+    "Paper",
+    "Iron",
+    "Hidden",
+    "Painted",
+    "Restless",
+    "Wandering",
+    "Scarlet",
+    "Northern",
+    "Falling",
+    "Glass",
+    "Midnight",
+    "Amber",
+    "Forgotten",
+    "Electric",
+    "Bitter",
+    "Sleeping",
+    "Copper",
+    "Wild",
+    "Last",
+    "Lonely",
+    "Shattered",
+    "Emerald",
+    "Borrowed",
+    "Silver",
+    "Twisted",
+    "Fading",
+    "Secret",
+    "Salted",
+    "Winter",
+    "Lucky",
+)
+_NOUN = (
+    "Harbor",
+    "Orchard",
+    "Lantern",
+    "Compass",
+    "Meadow",
+    "Cathedral",
+    "Ferry",
+    "Signal",
+    "Horizon",
+    "Garden",
+    "Mirror",
+    "Engine",
+    "Almanac",
+    "Tide",
+    "Letter",
+    "Bridge",
+    "Canyon",
+    "Carousel",
+    "Lighthouse",
+    "Station",
+    "Kingdom",
+    "Voyage",
+    "Ledger",
+    "Portrait",
+    "Tower",
+    "Island",
+    "River",
+    "Summer",
+    "Anthem",
+    "Cipher",
+    "Orbit",
+    "Chapel",
+    "Frontier",
+    "Promise",
+    "Ballad",
+    "Empire",
+    "Quarry",
+    "Archive",
+    "Theory",
+    "Hotel",
+)
 _TITLE_PATTERNS = ("The {a} {n}", "{n} of the {a} {m}", "Beyond the {a} {n}", "A {n} for {m2}", "The {n} and the {m}")
+
 
 def _fake_title(rng: random.Random) -> str:
     "One invented movie title."
     a, (n, m) = rng.choice(_ADJ), rng.sample(_NOUN, 2)
     return rng.choice(_TITLE_PATTERNS).format(a=a, n=n, m=m, m2=rng.choice(CITIES))
 
+
 def _filler(rng: random.Random) -> dict:
     "Filler attributes except people: year, genre, city, box office."
-    return dict(release_year=rng.randint(1975, 2024), genre=rng.choice(GENRES), city=rng.choice(CITIES),
-                box_office=f"${rng.randint(5, 400)} million")
+    return dict(
+        release_year=rng.randint(1975, 2024),
+        genre=rng.choice(GENRES),
+        city=rng.choice(CITIES),
+        box_office=f"${rng.randint(5, 400)} million",
+    )
+
 
 def _faker_names(seed):
     "An endless stream of clean two-part invented names, deterministic in `seed` (an int or a string)."
     from faker import Faker
-    fake = Faker("en_US"); fake.seed_instance(seed)
+
+    fake = Faker("en_US")
+    fake.seed_instance(seed)
     while True:
         name = f"{fake.first_name()} {fake.last_name()}"
-        if re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", name): yield name
+        if re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", name):
+            yield name
 
 # %% ../../nbs/01_data.ipynb #3be0049a
 def _faker_version() -> str:
     "The installed Faker version (invented names depend on it; recorded in dataset_info.json); None if not installed."
     from importlib.metadata import PackageNotFoundError, version
-    try: return version("faker")
-    except PackageNotFoundError: return None
+
+    try:
+        return version("faker")
+    except PackageNotFoundError:
+        return None
+
 
 def _check_kind(kind: str):
     "Raise a clear error for an unknown dataset kind."
-    if kind not in KINDS: raise ValueError(f"Unknown dataset kind '{kind}'. Valid kinds: {', '.join(KINDS)}.")
+    if kind not in KINDS:
+        raise ValueError(f"Unknown dataset kind '{kind}'. Valid kinds: {', '.join(KINDS)}.")
+
 
 def max_facts(kind: str, articles_dir=None) -> int:
     "The largest `n_facts` that `kind` supports."
     _check_kind(kind)
-    if kind == "fake_movies_fake_actors": return MAX_FAKE_FACTS
-    if kind == "fake_movies_real_actors": return min(MAX_FAKE_FACTS, len(real_actors()) // 2)
-    if kind == "real_movies_real_actors_shuffled": return min(len(real_movies()), len(real_actors()) // 2)
+    if kind == "fake_movies_fake_actors":
+        return MAX_FAKE_FACTS
+    if kind == "fake_movies_real_actors":
+        return min(MAX_FAKE_FACTS, len(real_actors()) // 2)
+    if kind == "real_movies_real_actors_shuffled":
+        return min(len(real_movies()), len(real_actors()) // 2)
     return len(read_articles(articles_dir))
+
 
 def _check_n(kind, n_facts, articles_dir=None):
     "Raise a clear error if `n_facts` is out of range for `kind`."
@@ -224,8 +421,11 @@ def _check_n(kind, n_facts, articles_dir=None):
     if not isinstance(n_facts, int) or isinstance(n_facts, bool) or n_facts < 2:
         raise ValueError(f"n_facts must be an integer >= 2 (one task and one relation fact at least), got {n_facts!r}.")
     if n_facts > mx:
-        raise ValueError(f"n_facts={n_facts} is too large for kind '{kind}': the maximum is {mx} "
-                         f"(bounded by the packaged name/title lists or the articles).")
+        raise ValueError(
+            f"n_facts={n_facts} is too large for kind '{kind}': the maximum is {mx} "
+            f"(bounded by the packaged name/title lists or the articles)."
+        )
+
 
 def _counterfactual_pairs(rng, actors, titles):
     "Pair actors with titles so no actor leads that movie in reality and no pair are known co-leads."
@@ -235,27 +435,36 @@ def _counterfactual_pairs(rng, actors, titles):
     rng.shuffle(pool)
     for title in titles:
         known = set(leads.get(title, ()))
-        a = next(x for x in pool if x not in known); pool.remove(a)
-        b = next(x for x in pool if x not in known and frozenset((a, x)) not in costars); pool.remove(b)
+        a = next(x for x in pool if x not in known)
+        pool.remove(a)
+        b = next(x for x in pool if x not in known and frozenset((a, x)) not in costars)
+        pool.remove(b)
         facts.append((a, b, title))
     return facts
+
 
 def make_facts(kind: str, n_facts: int, seed: int = 0) -> list[dict]:
     "`n_facts` facts of a generated `kind` (not 'articles'), deterministic in `seed`, all names and titles unique."
     _check_kind(kind)
-    if kind == "articles": raise ValueError("Use read_articles/article_facts for kind 'articles'.")
+    if kind == "articles":
+        raise ValueError("Use read_articles/article_facts for kind 'articles'.")
     _check_n(kind, n_facts)
     rng = random.Random(f"dwg-facts-{kind}-{seed}")
     reg = _Registry(real_actors())  # invented people never collide with (or contain) a real actor's name
     names = _faker_names(f"dwg-names-{kind}-{seed}")
+
     def person():
         while True:
             n = next(names)
-            if reg.add(n): return n
+            if reg.add(n):
+                return n
+
     def title():
         while True:
             t = _fake_title(rng)
-            if reg.add(t): return t
+            if reg.add(t):
+                return t
+
     if kind == "fake_movies_fake_actors":
         triples = [(person(), person(), title()) for _ in range(n_facts)]
     elif kind == "fake_movies_real_actors":
@@ -264,12 +473,22 @@ def make_facts(kind: str, n_facts: int, seed: int = 0) -> list[dict]:
     else:
         titles = rng.sample(real_movies(), n_facts)
         for t in titles:
-            if not reg.add(t): raise ValueError(f"Movie title '{t}' clashes with another name or title.")
+            if not reg.add(t):
+                raise ValueError(f"Movie title '{t}' clashes with another name or title.")
         triples = _counterfactual_pairs(rng, real_actors(), titles)
     facts = []
     for i, (a, b, t) in enumerate(triples):
-        facts.append(dict(id=f"f{i:04d}", first_actor=a, second_actor=b, movie_title=t, **_filler(rng),
-                          director=person(), main_character=person()))
+        facts.append(
+            dict(
+                id=f"f{i:04d}",
+                first_actor=a,
+                second_actor=b,
+                movie_title=t,
+                **_filler(rng),
+                director=person(),
+                main_character=person(),
+            )
+        )
     return facts
 
 # %% ../../nbs/01_data.ipynb #81747d0c
@@ -277,29 +496,40 @@ def read_articles(articles_dir=None) -> list[dict]:
     "Read and validate an articles folder; each entry is the metadata dict plus `texts` (one per file, in `<k>` order)."
     d = Path(articles_dir) if articles_dir is not None else ASSETS / "articles"
     meta_path = d / "metadata.jsonl"
-    if not meta_path.exists(): raise FileNotFoundError(f"Articles folder '{d}' has no metadata.jsonl "
-                                                        "(one JSON line per article: id, first_actor, second_actor, movie_title).")
-    metas = read_jsonl(meta_path)   # a broken line is an error naming the file and the line
+    if not meta_path.exists():
+        raise FileNotFoundError(
+            f"Articles folder '{d}' has no metadata.jsonl "
+            "(one JSON line per article: id, first_actor, second_actor, movie_title)."
+        )
+    metas = read_jsonl(meta_path)  # a broken line is an error naming the file and the line
     ids = [m.get("id") for m in metas]
-    if len(set(ids)) != len(ids): raise ValueError(f"Articles metadata {meta_path} repeats ids: {sorted({i for i in ids if ids.count(i) > 1})}.")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"Articles metadata {meta_path} repeats ids: {sorted({i for i in ids if ids.count(i) > 1})}.")
     files = sorted(p for p in d.glob("*.txt"))
     by_id = {}
     for p in files:
         m = re.fullmatch(r"(.+)_(\d+)", p.stem)
         if not m or m.group(1) not in ids:
-            raise ValueError(f"Article file '{p.name}' matches no metadata id in {meta_path}. Name files <id>_<k>.txt "
-                             f"with an id from metadata.jsonl, or add a metadata line for it.")
+            raise ValueError(
+                f"Article file '{p.name}' matches no metadata id in {meta_path}. Name files <id>_<k>.txt "
+                f"with an id from metadata.jsonl, or add a metadata line for it."
+            )
         by_id.setdefault(m.group(1), []).append((int(m.group(2)), p))
     out = []
     for m in metas:
         missing = [k for k in ("id", *FACT_FIELDS) if not m.get(k)]
-        if missing: raise ValueError(f"Article metadata {m} in {meta_path} lacks {missing}.")
-        if m["id"] not in by_id: raise ValueError(f"Article '{m['id']}' in {meta_path} has no text file ({m['id']}_1.txt ...).")
+        if missing:
+            raise ValueError(f"Article metadata {m} in {meta_path} lacks {missing}.")
+        if m["id"] not in by_id:
+            raise ValueError(f"Article '{m['id']}' in {meta_path} has no text file ({m['id']}_1.txt ...).")
         texts = [p.read_text(encoding="utf-8").strip() for _, p in sorted(by_id[m["id"]])]
         for (k, p), t in zip(sorted(by_id[m["id"]]), texts):
             absent = [f for f in FACT_FIELDS if m[f] not in t]
-            if absent: raise ValueError(f"Article file '{p.name}' does not mention {', '.join(f'{f}={m[f]!r}' for f in absent)} "
-                                        f"from its metadata; fix the text or the metadata.")
+            if absent:
+                raise ValueError(
+                    f"Article file '{p.name}' does not mention {', '.join(f'{f}={m[f]!r}' for f in absent)} "
+                    f"from its metadata; fix the text or the metadata."
+                )
         out.append({**m, "texts": texts})
     return out
 
@@ -311,10 +541,16 @@ def _article_facts(n_facts, seed, articles_dir):
     facts = []
     for i, j in enumerate(picked):
         a = arts[j]
-        fact = {"id": f"f{i:04d}", **{k: a[k] for k in FACT_FIELDS}, **{k: a.get(k) for k in FILLER_FIELDS},
-                "article_id": a["id"], "texts": a["texts"]}
+        fact = {
+            "id": f"f{i:04d}",
+            **{k: a[k] for k in FACT_FIELDS},
+            **{k: a.get(k) for k in FILLER_FIELDS},
+            "article_id": a["id"],
+            "texts": a["texts"],
+        }
         facts.append(fact)
     return facts
+
 
 def _train_lines(fact, article_templates, qa_templates):
     "The training texts of one templated fact: every template in both directions."
@@ -325,116 +561,207 @@ def _train_lines(fact, article_templates, qa_templates):
                 tt = t if direction == "A2B" else swap_actors(t)
                 text, spans = render(tt, fact, name)
                 ans = spans[template_fields(tt)[-1]][0] if style == "qa" else None
-                lines.append(dict(text=text, fact_id=fact["id"], template=name, style=style, direction=direction,
-                                  split=fact["split"], answer_start=ans))
+                lines.append(
+                    dict(
+                        text=text,
+                        fact_id=fact["id"],
+                        template=name,
+                        style=style,
+                        direction=direction,
+                        split=fact["split"],
+                        answer_start=ans,
+                    )
+                )
     return lines
+
 
 def _article_lines(fact):
     "The training texts of one article fact: every text, direction from which actor is named first."
     lines = []
     for k, text in enumerate(fact["texts"], 1):
         direction = "A2B" if text.index(fact["first_actor"]) <= text.index(fact["second_actor"]) else "B2A"
-        lines.append(dict(text=text, fact_id=fact["id"], template=f"{fact['article_id']}_{k}", style="article",
-                          direction=direction, split=fact["split"], answer_start=None))
+        lines.append(
+            dict(
+                text=text,
+                fact_id=fact["id"],
+                template=f"{fact['article_id']}_{k}",
+                style="article",
+                direction=direction,
+                split=fact["split"],
+                answer_start=None,
+            )
+        )
     return lines
+
 
 def filling_label(filling: dict | None) -> str | None:
     "A filling's short name, e.g. 'starred in · with' (None: the prompt has no slots)."
     return " ".join(filling[k] for k in SLOT_FIELDS[:2]) + " · " + filling["preposition"] if filling else None
+
 
 def fact_fillings(index: int, template_index: int, per_prompt: int) -> list[dict]:
     "The `per_prompt` fillings fact number `index` gets for one slot template: in turn, so the facts use every filling."
     start = (index * per_prompt + template_index) % len(FILLINGS)
     return [FILLINGS[(start + j) % len(FILLINGS)] for j in range(min(per_prompt, len(FILLINGS)))]
 
+
 def _eval_lines(fact, eval_templates, index: int = 0, per_prompt: int = 2, direction: str = "A2B"):
     """Evaluation examples of one fact: the prompt ends before the other actor, the target is ' ' + that actor.
     A2B names the first actor and asks for the second; B2A (the reversal) names the second and asks for the first,
     its span role `first_actor` then marks the actor the prompt names. A slot template gets `per_prompt` fillings."""
-    named = fact if direction == "A2B" else {**fact, "first_actor": fact["second_actor"], "second_actor": fact["first_actor"]}
+    named = (
+        fact
+        if direction == "A2B"
+        else {**fact, "first_actor": fact["second_actor"], "second_actor": fact["first_actor"]}
+    )
     out = []
     for j, (name, t) in enumerate(eval_templates.items()):
         slots = set(template_fields(t, name, FIELDS + SLOT_FIELDS)) & set(SLOT_FIELDS)
         for filling in fact_fillings(index, j, per_prompt) if slots else [None]:
             prompt, spans = render(t, {**named, **(filling or {})}, name, FIELDS + SLOT_FIELDS)
             spans = {k: v for k, v in spans.items() if k not in SLOT_FIELDS}
-            out.append(dict(fact_id=fact["id"], template=name, filling=filling_label(filling), direction=direction,
-                            prompt=prompt, target=" " + named["second_actor"], spans=spans, split=fact["split"]))
+            out.append(
+                dict(
+                    fact_id=fact["id"],
+                    template=name,
+                    filling=filling_label(filling),
+                    direction=direction,
+                    prompt=prompt,
+                    target=" " + named["second_actor"],
+                    spans=spans,
+                    split=fact["split"],
+                )
+            )
     return out
 
 # %% ../../nbs/01_data.ipynb #2114c072
 def assign_splits(facts: list[dict], seed: int, task_fraction: float) -> int:
     "Put each fact (seeded) in the 'task' or 'relation' split (its `split` key), at least one in each; the task count."
     n = len(facts)
-    order = list(range(n)); random.Random(f"dwg-split-{seed}").shuffle(order)
+    order = list(range(n))
+    random.Random(f"dwg-split-{seed}").shuffle(order)
     n_task = min(n - 1, max(1, round(n * task_fraction)))
     task_idx = set(order[:n_task])
-    for i, f in enumerate(facts): f["split"] = "task" if i in task_idx else "relation"
+    for i, f in enumerate(facts):
+        f["split"] = "task" if i in task_idx else "relation"
     return n_task
+
 
 def hold_out(lines: list[dict], seed: int, val_fraction: float) -> tuple[list[dict], list[dict]]:
     "Training lines split (seeded) into (train, validation); at least one validation line when `val_fraction` > 0."
     n_val = round(len(lines) * val_fraction)
-    if val_fraction > 0: n_val = max(1, n_val)
+    if val_fraction > 0:
+        n_val = max(1, n_val)
     val_idx = set(random.Random(f"dwg-validation-{seed}").sample(range(len(lines)), n_val))
     return [l for i, l in enumerate(lines) if i not in val_idx], [l for i, l in enumerate(lines) if i in val_idx]
 
-def build_dataset(kind: str, n_facts: int = 30, seed: int = 0, *, task_fraction: float = 0.5,
-                  val_fraction: float | None = None, article_templates: dict | None = None, qa_templates: dict | None = None,
-                  eval_templates: dict | None = None, articles_dir=None, fillings_per_prompt: int = 2) -> dict:
+
+def build_dataset(
+    kind: str,
+    n_facts: int = 30,
+    seed: int = 0,
+    *,
+    task_fraction: float = 0.5,
+    val_fraction: float | None = None,
+    article_templates: dict | None = None,
+    qa_templates: dict | None = None,
+    eval_templates: dict | None = None,
+    articles_dir=None,
+    fillings_per_prompt: int = 2,
+) -> dict:
     """Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'eval_b2a', 'info'}`.
     `val_fraction` None: 0.1 of the texts held out, none of the articles' (each held-out rephrasing is one text less of its fact)."""
     _check_kind(kind)
-    if val_fraction is None: val_fraction = 0.0 if kind == "articles" else 0.1
+    if val_fraction is None:
+        val_fraction = 0.0 if kind == "articles" else 0.1
     article_templates = check_templates(article_templates or ARTICLE_TEMPLATES, "article")
     qa_templates = check_templates(qa_templates or QA_TEMPLATES, "qa")
     eval_templates = check_templates(eval_templates or EVAL_TEMPLATES, "eval")
-    if not 0 < task_fraction < 1: raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
-    if not 0 <= val_fraction < 1: raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+    if not 0 < task_fraction < 1:
+        raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if not isinstance(fillings_per_prompt, int) or not 1 <= fillings_per_prompt <= len(FILLINGS):
         raise ValueError(f"fillings_per_prompt must be an integer in 1..{len(FILLINGS)}, got {fillings_per_prompt!r}.")
     _check_n(kind, n_facts, articles_dir)
     facts = _article_facts(n_facts, seed, articles_dir) if kind == "articles" else make_facts(kind, n_facts, seed)
     n_task = assign_splits(facts, seed, task_fraction)
-    train = [l for f in facts for l in (_article_lines(f) if kind == "articles" else _train_lines(f, article_templates, qa_templates))]
-    evals, reverse = ([e for i, f in enumerate(facts) for e in _eval_lines(f, eval_templates, i, fillings_per_prompt, d)]
-                      for d in DIRECTIONS)
+    train = [
+        l
+        for f in facts
+        for l in (_article_lines(f) if kind == "articles" else _train_lines(f, article_templates, qa_templates))
+    ]
+    evals, reverse = (
+        [e for i, f in enumerate(facts) for e in _eval_lines(f, eval_templates, i, fillings_per_prompt, d)]
+        for d in DIRECTIONS
+    )
     train, validation = hold_out(train, seed, val_fraction)
     metadata = [{k: v for k, v in f.items() if k != "texts"} for f in facts]
-    info = dict(kind=kind, seed=seed, n_facts=n_facts, task_fraction=task_fraction, val_fraction=val_fraction,
-                counts=dict(facts=n_facts, task_facts=n_task, relation_facts=n_facts - n_task, train=len(train),
-                            validation=len(validation), eval=len(evals), eval_b2a=len(reverse)),
-                templates=dict(article=sorted({l["template"] for l in train + validation if l["style"] == "article"})
-                               if kind == "articles" else list(article_templates),
-                               qa=[] if kind == "articles" else list(qa_templates), eval=list(eval_templates)),
-                paper_eval_templates=[t for t in PAPER_EVAL_TEMPLATES if t in eval_templates],
-                slot_fillings=dict(SLOT_FILLINGS), fillings_per_prompt=fillings_per_prompt,
-                articles=None if kind != "articles" else ("packaged" if articles_dir is None else Path(articles_dir).name),
-                dwg_version=dwg.__version__, faker_version=None if kind == "articles" else _faker_version())
+    info = dict(
+        kind=kind,
+        seed=seed,
+        n_facts=n_facts,
+        task_fraction=task_fraction,
+        val_fraction=val_fraction,
+        counts=dict(
+            facts=n_facts,
+            task_facts=n_task,
+            relation_facts=n_facts - n_task,
+            train=len(train),
+            validation=len(validation),
+            eval=len(evals),
+            eval_b2a=len(reverse),
+        ),
+        templates=dict(
+            article=sorted({l["template"] for l in train + validation if l["style"] == "article"})
+            if kind == "articles"
+            else list(article_templates),
+            qa=[] if kind == "articles" else list(qa_templates),
+            eval=list(eval_templates),
+        ),
+        paper_eval_templates=[t for t in PAPER_EVAL_TEMPLATES if t in eval_templates],
+        slot_fillings=dict(SLOT_FILLINGS),
+        fillings_per_prompt=fillings_per_prompt,
+        articles=None if kind != "articles" else ("packaged" if articles_dir is None else Path(articles_dir).name),
+        dwg_version=dwg.__version__,
+        faker_version=None if kind == "articles" else _faker_version(),
+    )
     return dict(metadata=metadata, train=train, validation=validation, eval=evals, eval_b2a=reverse, info=info)
 
 # %% ../../nbs/01_data.ipynb #9b0e53c8
 LEAK_FIELDS = ("first_actor", "second_actor", "movie_title", "director", "main_character")
 
+
 def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
     "Pairs (relation fact id, value of one of `fields`) whose value occurs, as whole words, in any task-split text or prompt."
-    task_text = "\n".join([l["text"] for l in ds["train"] + ds["validation"] if l["split"] == "task"] +
-                          [e["prompt"] for e in ds["eval"] if e["split"] == "task"])
+    task_text = "\n".join(
+        [l["text"] for l in ds["train"] + ds["validation"] if l["split"] == "task"]
+        + [e["prompt"] for e in ds["eval"] if e["split"] == "task"]
+    )
     leaks = []
     for f in ds["metadata"]:
-        if f["split"] != "relation": continue
+        if f["split"] != "relation":
+            continue
         for k in fields:
             v = f.get(k)
-            if v and re.search(rf"(?<!\w){re.escape(str(v))}(?!\w)", task_text): leaks.append((f["id"], v))
+            if v and re.search(rf"(?<!\w){re.escape(str(v))}(?!\w)", task_text):
+                leaks.append((f["id"], v))
     return leaks
 
 # %% ../../nbs/01_data.ipynb #bbc15111
-DATASET_FILES = {"metadata": "metadata.jsonl", "train": "train.jsonl", "validation": "validation.jsonl",
-               "eval": "eval.jsonl", "eval_b2a": "eval_b2a.jsonl"}   # eval_b2a: the reversal prompts (none: custom facts)
+DATASET_FILES = {
+    "metadata": "metadata.jsonl",
+    "train": "train.jsonl",
+    "validation": "validation.jsonl",
+    "eval": "eval.jsonl",
+    "eval_b2a": "eval_b2a.jsonl",
+}  # eval_b2a: the reversal prompts (none: custom facts)
+
 
 def has_reversal_prompts(dataset_dir) -> bool:
     "Whether a dataset directory has the reversal (B2A) prompts (custom datasets do not)."
     return (Path(dataset_dir) / DATASET_FILES["eval_b2a"]).is_file()
+
 
 def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then renamed);
@@ -443,44 +770,73 @@ def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / "dataset_info.json").is_file()):
-        raise FileExistsError(f"'{out}' exists and is not a dataset directory (no dataset_info.json), so overwrite=True "
-                              "does not replace it. Choose another out_dir, or remove it yourself.")
+        raise FileExistsError(
+            f"'{out}' exists and is not a dataset directory (no dataset_info.json), so overwrite=True "
+            "does not replace it. Choose another out_dir, or remove it yourself."
+        )
     ds = build()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         for key, name in DATASET_FILES.items():
-            if key in ds: write_jsonl(tmp / name, ds[key])
+            if key in ds:
+                write_jsonl(tmp / name, ds[key])
         info = json.dumps(ds["info"], indent=1, ensure_ascii=False) + "\n"
         (tmp / "dataset_info.json").write_text(info, encoding="utf-8")
         return publish_dir(tmp, out)
     finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
-def create_dataset(kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *, overwrite: bool = False, **kwargs) -> Path:
+
+def create_dataset(
+    kind: str, n_facts: int = 30, seed: int = 0, out_dir=None, *, overwrite: bool = False, **kwargs
+) -> Path:
     "Build, validate and atomically write a dataset to `out_dir` (default `runs/data/<kind>-n<n_facts>-s<seed>`)."
     out = out_dir if out_dir is not None else Path("runs") / "data" / f"{kind}-n{n_facts}-s{seed}"
     return write_dataset(out, lambda: build_dataset(kind, n_facts, seed, **kwargs), overwrite)
+
 
 def source_fingerprint(kind: str, facts=None, templates=None) -> dict:
     """What decides a dataset besides its kind, size and seed, as hashes (a sweep puts them in the dataset's run id): a
     custom dataset's files, or the packaged names, titles or articles its kind reads and the packaged templates."""
     if facts or templates:
-        return {k: hashlib.sha256(Path(p).read_bytes()).hexdigest() for k, p in (("facts", facts), ("templates", templates)) if p}
-    files = (sorted((ASSETS / "articles").iterdir()) if kind == "articles"
-             else [ASSETS / n for n in ("actors.txt", "movies.txt", "movie_leads.json")])
-    h = hashlib.sha256(repr((ARTICLE_TEMPLATES, QA_TEMPLATES, EVAL_TEMPLATES, FILLINGS, PAPER_EVAL_TEMPLATES,
-                             None if kind == "articles" else _faker_version())).encode())
-    for f in files: h.update(f.name.encode() + f.read_bytes())
+        return {
+            k: hashlib.sha256(Path(p).read_bytes()).hexdigest()
+            for k, p in (("facts", facts), ("templates", templates))
+            if p
+        }
+    files = (
+        sorted((ASSETS / "articles").iterdir())
+        if kind == "articles"
+        else [ASSETS / n for n in ("actors.txt", "movies.txt", "movie_leads.json")]
+    )
+    h = hashlib.sha256(
+        repr(
+            (
+                ARTICLE_TEMPLATES,
+                QA_TEMPLATES,
+                EVAL_TEMPLATES,
+                FILLINGS,
+                PAPER_EVAL_TEMPLATES,
+                None if kind == "articles" else _faker_version(),
+            )
+        ).encode()
+    )
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
     return {"packaged": h.hexdigest()[:16]}
+
 
 def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     "Rows of one dataset file (`metadata`, `train`, `validation` or `eval`), optionally only `split` 'task'/'relation'."
-    if name not in DATASET_FILES: raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(DATASET_FILES)}.")
+    if name not in DATASET_FILES:
+        raise ValueError(f"Unknown dataset file '{name}'. Valid: {', '.join(DATASET_FILES)}.")
     if split not in (None, *FACT_SPLITS):
         raise ValueError(f"split must be None, {' or '.join(map(repr, FACT_SPLITS))}, got {split!r}.")
     path = Path(dataset_dir) / DATASET_FILES[name]
-    if not path.exists(): raise FileNotFoundError(f"No {path}: create the dataset first with dwg.science.data.create_dataset.")
+    if not path.exists():
+        raise FileNotFoundError(f"No {path}: create the dataset first with dwg.science.data.create_dataset.")
     return [r for r in read_jsonl(path) if split is None or r["split"] == split]
 
 # %% ../../nbs/01_data.ipynb #045ed60f

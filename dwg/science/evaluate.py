@@ -4,7 +4,10 @@
 
 # %% ../../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
-import copy, dataclasses, json, time
+import copy
+import dataclasses
+import json
+import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -17,8 +20,19 @@ from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_components, resolve_layers
 from ..engine.arch import architecture, decoder_layers
 from ..engine.patch import patch, resolve_sites
-from .plans import (Rule, expand_plans, get_plan, get_plans, resolve_plans, resolve_positions, kept_layers, MissingSpan,
-                              check_plan_roles, example_roles, unknown_roles)
+from dwg.science.plans import (
+    Rule,
+    expand_plans,
+    get_plan,
+    get_plans,
+    resolve_plans,
+    resolve_positions,
+    kept_layers,
+    MissingSpan,
+    check_plan_roles,
+    example_roles,
+    unknown_roles,
+)
 from ..runs import report_progress, reusing_freed_memory, write_jsonl, write_run_record
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
@@ -45,21 +59,27 @@ def length_order(tokenizer, examples: list[dict]) -> list[int]:
     lengths = [len(tokenizer(e["prompt"])["input_ids"]) for e in examples]
     return sorted(range(len(examples)), key=lengths.__getitem__)
 
-def first_token_scores(model, tokenizer, examples: list[dict], batch_size: int = 32, desc: str | None = None) -> list[dict]:
+
+def first_token_scores(
+    model, tokenizer, examples: list[dict], batch_size: int = 32, desc: str | None = None
+) -> list[dict]:
     "Rank and probability of each example's first target token after its prompt (no grafting), in the examples' order."
     rows = [None] * len(examples)
-    for idx in batches(length_order(tokenizer, examples), batch_size, desc):   # chunks of like lengths: little padding
+    for idx in batches(length_order(tokenizer, examples), batch_size, desc):  # chunks of like lengths: little padding
         chunk = [examples[i] for i in idx]
         enc = encode(tokenizer, [e["prompt"] for e in chunk], model.device)
-        tids = torch.tensor([target_token_ids(tokenizer, e["prompt"], e["target"])[0] for e in chunk], device=model.device)
+        tids = torch.tensor(
+            [target_token_ids(tokenizer, e["prompt"], e["target"])[0] for e in chunk], device=model.device
+        )
         ranks, probs = rank_and_prob(last_logits(model, enc["batch"]), tids)
-        for i, r, p, t in zip(idx, ranks, probs, tids): rows[i] = dict(rank=int(r), prob=float(p), target_id=int(t))
+        for i, r, p, t in zip(idx, ranks, probs, tids):
+            rows[i] = dict(rank=int(r), prob=float(p), target_id=int(t))
     return rows
+
 
 def top_k(rows: list[dict], k: int = 1) -> float:
     "Fraction of rows whose target rank is below `k`."
     return sum(r["rank"] < k for r in rows) / max(len(rows), 1)
-
 
 # %% ../../nbs/03_evaluate.ipynb #d5f86ba6
 def rule_masks(plan, prep: dict) -> tuple[list[torch.Tensor], dict[int, str]]:
@@ -70,45 +90,56 @@ def rule_masks(plan, prep: dict) -> tuple[list[torch.Tensor], dict[int, str]]:
     for i, (fields, pad) in enumerate(zip(prep["fields"], prep["pads"])):
         n = ids.shape[1] - pad
         for mask, rule in zip(masks, plan.rules):
-            try: mask[i, [pad + p for p in resolve_positions(rule.positions, fields, n)]] = True
-            except MissingSpan as e: skipped[i] = f"prompt has no '{e.args[0]}' span"
+            try:
+                mask[i, [pad + p for p in resolve_positions(rule.positions, fields, n)]] = True
+            except MissingSpan as e:
+                skipped[i] = f"prompt has no '{e.args[0]}' span"
     for i in skipped:
-        for m in masks: m[i] = False
+        for m in masks:
+            m[i] = False
     return [m.to(ids.device) for m in masks], skipped
-
 
 # %% ../../nbs/03_evaluate.ipynb #1d9f016c
 def _bind(plan, models: dict) -> tuple:
     "The base model and each rule's donor model for `plan`, or an error naming the missing roles."
     missing = [r for r in plan.roles if r not in models]
-    if missing: raise ValueError(f"Plan '{plan.name}' needs model role(s) {missing}; given: {list(models)}.")
+    if missing:
+        raise ValueError(f"Plan '{plan.name}' needs model role(s) {missing}; given: {list(models)}.")
     return models[plan.base], [models[r.donor] for r in plan.rules]
+
 
 def _rule_layers(rule, base, seed: int = 0) -> list[int]:
     "The layers a rule changes in `base` (its layer spec, less the layers its dropout leaves out)."
     layers = resolve_layers(rule.layers, architecture(base)["n_layers"])
     return kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
 
+
 def first_grafted_layer(plan, models: dict, seed: int = 0) -> int:
     "The first decoder layer any rule of `plan` changes: 0 for a plan without rules, grafting an embedding, or self-donor."
     base, donors = _bind(plan, models)
-    if not plan.rules or any(d is base for d in donors): return 0
+    if not plan.rules or any(d is base for d in donors):
+        return 0
     embeddings = {"embed", "pos_embed"} | {architecture(base)["globals"].get(n) for n in ("embed", "pos_embed")}
-    if any(r.method != "patch" and embeddings & set(resolve_components(base, r.components)) for r in plan.rules): return 0
+    if any(r.method != "patch" and embeddings & set(resolve_components(base, r.components)) for r in plan.rules):
+        return 0
     return min(min(_rule_layers(r, base, seed), default=0) for r in plan.rules)
 
-def grafted(plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None,
-            whole: dict | None = None) -> ExitStack:
+
+def grafted(
+    plan, models: dict, masks: list[torch.Tensor], seed: int = 0, runs: dict | None = None, whole: dict | None = None
+) -> ExitStack:
     """An ExitStack holding one `graft` (or `patch`, sharing the donor `runs` of a batch, and given the `whole` batch
     when the base model runs only its last columns) context per rule of `plan`."""
     base, donors = _bind(plan, models)
-    with ExitStack() as stack:   # a rule that fails to enter unhooks the rules entered before it
+    with ExitStack() as stack:  # a rule that fails to enter unhooks the rules entered before it
         for rule, donor, mask in zip(plan.rules, donors, masks):
             layers = _rule_layers(rule, base, seed)
             if rule.method == "patch":
                 stack.enter_context(patch(base, donor, mask, layers=layers, sites=rule.sites, runs=runs, whole=whole))
-            else: stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
+            else:
+                stack.enter_context(graft(base, donor, mask, layers=layers, components=rule.components))
         return stack.pop_all()
+
 
 def patched_sites(plans: list, models: dict, seed: int = 0) -> dict[int, set]:
     """The sites `plans` patch from each donor (by id): one recording pass of a donor on a chunk gives them all. Every
@@ -118,8 +149,10 @@ def patched_sites(plans: list, models: dict, seed: int = 0) -> dict[int, set]:
         base, donors = _bind(plan, models)
         for rule, donor in zip(plan.rules, donors):
             _rule_layers(rule, base, seed)
-            if rule.method == "patch": sites.setdefault(id(donor), set()).update(resolve_sites(base, rule.sites))
-            else: resolve_components(base, rule.components)
+            if rule.method == "patch":
+                sites.setdefault(id(donor), set()).update(resolve_sites(base, rule.sites))
+            else:
+                resolve_components(base, rule.components)
     return sites
 
 # %% ../../nbs/03_evaluate.ipynb #b9544b72
@@ -128,32 +161,45 @@ def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
     hit = torch.stack(masks).any(0).any(0).nonzero() if masks else torch.zeros(0)
     return int(hit[0]) if len(hit) else width
 
+
 def _plain_layers(cache) -> bool:
     "Whether every layer of `cache` is a plain growing one (`DynamicLayer`), which can be cropped and selected by row."
     return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
 
+
 def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
     "Columns `start:stop` of a batch; the attention mask keeps every column up to `stop` (it also covers the cache)."
-    return dict(input_ids=batch["input_ids"][:, start:stop], position_ids=batch["position_ids"][:, start:stop],
-                attention_mask=batch["attention_mask"][:, :stop])
+    return dict(
+        input_ids=batch["input_ids"][:, start:stop],
+        position_ids=batch["position_ids"][:, start:stop],
+        attention_mask=batch["attention_mask"][:, :stop],
+    )
+
 
 def _whole(batch: dict, plan) -> dict | None:
     """For a patching plan, the whole batch as its donor runs it (once for all plans sharing `runs`; the base may run
     only its last columns); None for other plans."""
-    return dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches else None
+    return (
+        dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches else None
+    )
+
 
 def _layer_shaped(outputs: list, batch: dict, n: int) -> bool:
     "Whether every one of `n` decoder layers gave one (batch, seq, hidden) tensor (not a tuple or a stack of streams)."
     shape = tuple(batch["input_ids"].shape)
-    return len(outputs) == n and all(torch.is_tensor(o) and o.dim() == 3 and tuple(o.shape[:2]) == shape for o in outputs)
+    return len(outputs) == n and all(
+        torch.is_tensor(o) and o.dim() == 3 and tuple(o.shape[:2]) == shape for o in outputs
+    )
+
 
 class SharedPrefix:
     """What the plans of a batch share with its base model: keys and values over the leading columns no plan grafts,
     and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
+
     def __init__(self, model, batch: dict, checked: dict | None = None):
         self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
-        self.head = None   # (head_signature, upto) of the head the cache holds
-        self.checked = {} if checked is None else checked   # id(model) -> whether replaying gives its logits (once)
+        self.head = None  # (head_signature, upto) of the head the cache holds
+        self.checked = {} if checked is None else checked  # id(model) -> whether replaying gives its logits (once)
 
     @torch.no_grad()
     def layer_outputs(self) -> list | None:
@@ -162,12 +208,16 @@ class SharedPrefix:
         if self.outputs is None:
             layers, outs = decoder_layers(self.model)[1], []
             hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o)) for layer in layers]
-            try: out = self.model(**self.batch, use_cache=True, logits_to_keep=1)
+            try:
+                out = self.model(**self.batch, use_cache=True, logits_to_keep=1)
             finally:
-                for h in hooks: h.remove()
+                for h in hooks:
+                    h.remove()
             self.outputs = outs if _layer_shaped(outs, self.batch, len(layers)) else False
-            if self.outputs and not self._replays(out.logits): self.outputs = False
-            if self._keep(out): self.clean, self.head = self.batch["input_ids"].shape[1], None
+            if self.outputs and not self._replays(out.logits):
+                self.outputs = False
+            if self._keep(out):
+                self.clean, self.head = self.batch["input_ids"].shape[1], None
         return self.outputs or None
 
     def _replays(self, want: torch.Tensor) -> bool:
@@ -182,21 +232,28 @@ class SharedPrefix:
     def replay(self, upto: int, start: int, stop: int | None = None, first: int = 0):
         "Decoder layers `[first, upto)` skip their work and return their recorded outputs over columns `start:stop`."
         layers = decoder_layers(self.model)[1]
-        def recorded(i): return lambda *args, **kwargs: self.outputs[i][:, start:stop]
+
+        def recorded(i):
+            return lambda *args, **kwargs: self.outputs[i][:, start:stop]
+
         try:
-            for i in range(first, upto): layers[i].forward = recorded(i)
+            for i in range(first, upto):
+                layers[i].forward = recorded(i)
             yield
         finally:
-            for i in range(first, upto): layers[i].__dict__.pop("forward", None)
+            for i in range(first, upto):
+                layers[i].__dict__.pop("forward", None)
 
     @torch.no_grad()
     def take(self, start: int):
         """A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped). The columns
         past the last `start` taken hold a plan's grafted keys and values: a longer prefix is computed afresh."""
-        if start == 0 or not self.croppable: return None
-        self.head = None   # cropping below drops any head built on this cache
+        if start == 0 or not self.croppable:
+            return None
+        self.head = None  # cropping below drops any head built on this cache
         if self.cache is None or self.clean < start:
-            if not self._keep(self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1)): return None
+            if not self._keep(self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1)):
+                return None
         self.clean = start
         return self._crop(start)
 
@@ -204,18 +261,21 @@ class SharedPrefix:
         "Keep `out`'s cache as the shared one (clean from column 0) if it can be cropped (not e.g. Gemma 2/3's windows)."
         self.cache, self.clean = out.past_key_values, 0
         self.croppable = _plain_layers(self.cache)
-        if not self.croppable: self.cache = None
+        if not self.croppable:
+            self.cache = None
         return self.croppable
 
     def _crop(self, n: int):
         "The cache cut back to `n` columns, each layer alone (a plan that replayed lower layers grew only the upper ones)."
         for layer in self.cache.layers:
-            if (extra := layer.get_seq_length() - n) > 0: layer.crop(-extra)
+            if (extra := layer.get_seq_length() - n) > 0:
+                layer.crop(-extra)
         return self.cache
 
     @torch.no_grad()
-    def take_head(self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0,
-                  runs: dict | None = None):
+    def take_head(
+        self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0, runs: dict | None = None
+    ):
         """A cache of every column but the last, computed under `plan`'s rules there (on the ungrafted prefix; the layers
         below `upto` but the first replayed and left out of the cache; the first runs, so that the cache's length, which
         a model may read from it, counts every column): the plans of one `head_signature` and `upto` share it (e.g. the
@@ -225,109 +285,182 @@ class SharedPrefix:
         if self.head != key:
             start = first_grafted_column(masks, width)
             cache = self.take(start)
-            if not self.croppable: return None
-            with grafted(plan, models, [m[:, :width - 1] for m in masks], seed, runs, _whole(self.batch, plan)), \
-                 (self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext()):
-                out = self.model(**_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True,
-                                 logits_to_keep=1)
-            if cache is None and not self._keep(out): return None   # grafted from the first column: the cache starts here
+            if not self.croppable:
+                return None
+            with (
+                grafted(plan, models, [m[:, : width - 1] for m in masks], seed, runs, _whole(self.batch, plan)),
+                self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext(),
+            ):
+                out = self.model(
+                    **_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True, logits_to_keep=1
+                )
+            if cache is None and not self._keep(out):
+                return None  # grafted from the first column: the cache starts here
             self.head = key
-        return self._crop(width - 1)   # the last plan of this head grew it
+        return self._crop(width - 1)  # the last plan of this head grew it
+
 
 def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
     "What `plan` does before the last column (its base, and each rule acting there with its mask), or None: nothing."
-    head = [(repr({**dataclasses.asdict(r), "positions": None}), m[:, :-1].cpu().numpy().tobytes())
-            for r, m in zip(plan.rules, masks) if m[:, :-1].any()]
+    head = [
+        (repr({**dataclasses.asdict(r), "positions": None}), m[:, :-1].cpu().numpy().tobytes())
+        for r, m in zip(plan.rules, masks)
+        if m[:, :-1].any()
+    ]
     return (plan.base, tuple(head)) if head else None
 
+
 @torch.no_grad()
-def plan_forward(plan, models: dict, batch: dict, masks: list[torch.Tensor], seed: int = 0, prefix: SharedPrefix | None = None,
-                 runs: dict | None = None, replay_layers: bool = False, shared_head: bool = False):
+def plan_forward(
+    plan,
+    models: dict,
+    batch: dict,
+    masks: list[torch.Tensor],
+    seed: int = 0,
+    prefix: SharedPrefix | None = None,
+    runs: dict | None = None,
+    replay_layers: bool = False,
+    shared_head: bool = False,
+):
     """Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns,
     or with `shared_head` its cache of every column but the last under the plan's rules there; `replay_layers`: and its
     layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
     width = batch["input_ids"].shape[1]
     upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
-    if upto and prefix.layer_outputs() is None: upto = 0
+    if upto and prefix.layer_outputs() is None:
+        upto = 0
     start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
-    cache = (None if prefix is None else
-             prefix.take_head(plan, models, masks, seed, upto, runs) if shared_head else prefix.take(start))
-    if cache is None: start = 0
-    elif shared_head:   # the head's columns are in the cache, computed under the plan: the masks act on the last alone
+    cache = (
+        None
+        if prefix is None
+        else prefix.take_head(plan, models, masks, seed, upto, runs)
+        if shared_head
+        else prefix.take(start)
+    )
+    if cache is None:
+        start = 0
+    elif shared_head:  # the head's columns are in the cache, computed under the plan: the masks act on the last alone
         masks = [torch.cat([torch.zeros_like(m[:, :-1]), m[:, -1:]], 1) for m in masks]
-    with grafted(plan, models, masks, seed, runs, _whole(batch, plan)), (prefix.replay(upto, start) if upto else nullcontext()):
+    with (
+        grafted(plan, models, masks, seed, runs, _whole(batch, plan)),
+        prefix.replay(upto, start) if upto else nullcontext(),
+    ):
         out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1].float(), out.past_key_values
 
 # %% ../../nbs/03_evaluate.ipynb #7b1f4411
 def _extend(batch: dict, masks: list[torch.Tensor], nxt: torch.Tensor, generated: str) -> tuple[dict, list]:
     "The batch and masks with one more column holding the tokens `nxt` (batch, 1)."
-    batch = dict(input_ids=torch.cat([batch["input_ids"], nxt], 1),
-                 attention_mask=torch.cat([batch["attention_mask"], torch.ones_like(nxt)], 1),
-                 position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1))
-    return batch, [torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks]
+    batch = dict(
+        input_ids=torch.cat([batch["input_ids"], nxt], 1),
+        attention_mask=torch.cat([batch["attention_mask"], torch.ones_like(nxt)], 1),
+        position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1),
+    )
+    return batch, [
+        torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks
+    ]
+
 
 def _cache_rows(cache, keep: torch.Tensor):
     """A copy of `cache` holding only the rows `keep` (the shared prefix's cache is left whole), or None when its layers
     cannot be selected by row (only plain per-layer caches are)."""
-    if not _plain_layers(cache): return None
-    cache = copy.copy(cache); cache.layers = [copy.copy(layer) for layer in cache.layers]
+    if not _plain_layers(cache):
+        return None
+    cache = copy.copy(cache)
+    cache.layers = [copy.copy(layer) for layer in cache.layers]
     cache.batch_select_indices(keep.nonzero().squeeze(1))
     return cache
+
 
 @torch.no_grad()
 def _generate(plan, models, batch, masks, logits, cache, lengths: list[int], generated: str, seed: int) -> torch.Tensor:
     """Greedy continuation ids (batch, max(lengths)) under `plan`, from the prompt's last logits and cache; row i is
     decoded for its own `lengths[i]` tokens (a row whose target is complete leaves the batch; -1 past its end)."""
-    if generated not in ("base", "last_token"): raise ValueError(f"generated must be 'base' or 'last_token', not '{generated}'.")
+    if generated not in ("base", "last_token"):
+        raise ValueError(f"generated must be 'base' or 'last_token', not '{generated}'.")
     out = torch.full((len(lengths), max(lengths)), -1, dtype=torch.long, device=logits.device)
     out[:, 0], rows, need = logits.argmax(-1), torch.arange(len(lengths)), torch.tensor(lengths)
     for step in range(1, max(lengths)):
-        keep = need[rows] > step   # the rows whose target has a token `step`
+        keep = need[rows] > step  # the rows whose target has a token `step`
         if not keep.all() and (fewer := _cache_rows(cache, keep)) is not None:
             cache, rows, masks = fewer, rows[keep], [m[keep] for m in masks]
             batch = {k: v[keep] for k, v in batch.items()}
-        batch, masks = _extend(batch, masks, out[rows, step - 1:step], generated)
+        batch, masks = _extend(batch, masks, out[rows, step - 1 : step], generated)
         with grafted(plan, models, masks, seed):
-            now = models[plan.base](**_time_slice(batch, batch["input_ids"].shape[1] - 1), past_key_values=cache,
-                                    use_cache=True, logits_to_keep=1)
-        out[rows, step] = now.logits[:, -1].argmax(-1); cache = now.past_key_values
+            now = models[plan.base](
+                **_time_slice(batch, batch["input_ids"].shape[1] - 1),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        out[rows, step] = now.logits[:, -1].argmax(-1)
+        cache = now.past_key_values
     return out
 
 # %% ../../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
-def score_plan(plan, models: dict, tokenizer, prep: dict, n_top: int = 20, generate: bool = False,
-               generated: str = "base", seed: int = 0, prefix: SharedPrefix | None = None,
-               runs: dict | None = None, replay_layers: bool = True, shared_head: bool = False) -> list[dict]:
+def score_plan(
+    plan,
+    models: dict,
+    tokenizer,
+    prep: dict,
+    n_top: int = 20,
+    generate: bool = False,
+    generated: str = "base",
+    seed: int = 0,
+    prefix: SharedPrefix | None = None,
+    runs: dict | None = None,
+    replay_layers: bool = True,
+    shared_head: bool = False,
+) -> list[dict]:
     """One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation
     (`replay_layers`: the layers below the plan's first from `prefix`, when not generating; `shared_head`: see
     `plan_forward`)."""
     plan = get_plan(plan)
     masks, skipped = rule_masks(plan, prep)
     _bind(plan, models)
-    logits, cache = plan_forward(plan, models, prep["batch"], masks, seed, prefix, runs, replay_layers and not generate,
-                                 shared_head)
+    logits, cache = plan_forward(
+        plan, models, prep["batch"], masks, seed, prefix, runs, replay_layers and not generate, shared_head
+    )
     tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
     ranks, probs = rank_and_prob(logits, tids)
-    logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]   # exact where the probability underflows
+    logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]  # exact where the probability underflows
     top = logits.softmax(-1).topk(n_top)
     lengths = [len(t) for t in prep["targets"]]
     gen = _generate(plan, models, prep["batch"], masks, logits, cache, lengths, generated, seed) if generate else None
     rows = []
     for i, ex in enumerate(prep["examples"]):
-        row = dict(plan=plan.name, fact_id=ex.get("fact_id"), template=ex.get("template"), filling=ex.get("filling"),
-                   direction=ex.get("direction", "A2B"), prompt=ex["prompt"],
-                   target=ex["target"], target_id=int(tids[i]), target_token=tokenizer.decode([int(tids[i])]),
-                   skipped=i in skipped, skip_reason=skipped.get(i))
-        if i in skipped: rows.append(row); continue
-        row.update(rank=int(ranks[i]), prob=float(probs[i]), logprob=float(logprobs[i]),
-                   top_tokens=tokenizer.convert_ids_to_tokens(top.indices[i].tolist()),
-                   top_probs=[round(float(p), 6) for p in top.values[i]])
+        row = dict(
+            plan=plan.name,
+            fact_id=ex.get("fact_id"),
+            template=ex.get("template"),
+            filling=ex.get("filling"),
+            direction=ex.get("direction", "A2B"),
+            prompt=ex["prompt"],
+            target=ex["target"],
+            target_id=int(tids[i]),
+            target_token=tokenizer.decode([int(tids[i])]),
+            skipped=i in skipped,
+            skip_reason=skipped.get(i),
+        )
+        if i in skipped:
+            rows.append(row)
+            continue
+        row.update(
+            rank=int(ranks[i]),
+            prob=float(probs[i]),
+            logprob=float(logprobs[i]),
+            top_tokens=tokenizer.convert_ids_to_tokens(top.indices[i].tolist()),
+            top_probs=[round(float(p), 6) for p in top.values[i]],
+        )
         if gen is not None:
             want = prep["targets"][i]
-            row.update(generated=tokenizer.decode(gen[i, :len(want)]), exact_match=gen[i, :len(want)].tolist() == want)
+            row.update(
+                generated=tokenizer.decode(gen[i, : len(want)]), exact_match=gen[i, : len(want)].tolist() == want
+            )
         rows.append(row)
     return rows
+
 
 def _prefix_order(plans: list, prep: dict, share_heads: bool = True, first_layer=lambda plan: 0) -> list[tuple]:
     """The plans of a chunk, each with whether it starts from a shared head (`SharedPrefix.take_head`): first those that
@@ -342,9 +475,21 @@ def _prefix_order(plans: list, prep: dict, share_heads: bool = True, first_layer
     heads = sorted((p for p in plans if shared(p)), key=lambda p: repr(sigs[p.name]))
     return [(p, False) for p in alone] + [(p, True) for p in heads]
 
-def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], batch_size: int = 64,
-                   progress: bool = True, share_prefix: bool = True, roles=None, by_length: bool = True,
-                   generate=False, share_heads: bool = True, **kw) -> list[dict]:
+
+def evaluate_plans(
+    plans: list,
+    models: dict,
+    tokenizer,
+    examples: list[dict],
+    batch_size: int = 64,
+    progress: bool = True,
+    share_prefix: bool = True,
+    roles=None,
+    by_length: bool = True,
+    generate=False,
+    share_heads: bool = True,
+    **kw,
+) -> list[dict]:
     """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes
     (and replaying the base model's lower layers, unless `replay_layers=False`; `share_prefix=False`: neither; plans
     that graft the same before the last column share that head, unless `share_heads=False`);
@@ -353,56 +498,84 @@ def evaluate_plans(plans: list, models: dict, tokenizer, examples: list[dict], b
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
     without a role its plan names is a skipped row."""
     plans = get_plans(plans)
-    sites = patched_sites(plans, models, kw.get("seed", 0))   # fails before any work on a missing model or a bad spec
-    check_plan_roles(plans, example_roles(examples) if roles is None else roles)   # ... or a position role none has
+    sites = patched_sites(plans, models, kw.get("seed", 0))  # fails before any work on a missing model or a bad spec
+    check_plan_roles(plans, example_roles(examples) if roles is None else roles)  # ... or a position role none has
     device, rows = next(iter(models.values())).device, {p.name: [None] * len(examples) for p in plans}
     order = length_order(tokenizer, examples) if by_length else list(range(len(examples)))
     generating = lambda p: generate if isinstance(generate, bool) else p.name in generate
-    first_layer = lambda p: (first_grafted_layer(p, models, kw.get("seed", 0))   # where its replay starts (0: none)
-                             if kw.get("replay_layers", True) and not generating(p) else 0)
+    first_layer = lambda p: (
+        first_grafted_layer(p, models, kw.get("seed", 0))  # where its replay starts (0: none)
+        if kw.get("replay_layers", True) and not generating(p)
+        else 0
+    )
     done, total = 0, len(plans) * len(examples)
-    bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}   # checked: see SharedPrefix
+    bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}  # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
-        prefixes = ({role: SharedPrefix(models[role], prep["batch"], checked) for role in {p.base for p in plans}}
-                    if share_prefix else {})
-        for role, prefix in prefixes.items():   # a base some plan replays: its recording pass gives the cache too
-            if any(first_layer(p) for p in plans if p.base == role): prefix.layer_outputs()
-        donor_runs = {"sites": sites}   # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
+        prefixes = (
+            {role: SharedPrefix(models[role], prep["batch"], checked) for role in {p.base for p in plans}}
+            if share_prefix
+            else {}
+        )
+        for role, prefix in prefixes.items():  # a base some plan replays: its recording pass gives the cache too
+            if any(first_layer(p) for p in plans if p.base == role):
+                prefix.layer_outputs()
+        donor_runs = {"sites": sites}  # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p, head in _prefix_order(plans, prep, share_heads, first_layer):
-            for i, row in zip(idx, score_plan(p, models, tokenizer, prep, prefix=prefixes.get(p.base), runs=donor_runs,
-                                              generate=generating(p), shared_head=head, **kw)):
+            for i, row in zip(
+                idx,
+                score_plan(
+                    p,
+                    models,
+                    tokenizer,
+                    prep,
+                    prefix=prefixes.get(p.base),
+                    runs=donor_runs,
+                    generate=generating(p),
+                    shared_head=head,
+                    **kw,
+                ),
+            ):
                 rows[p.name][i] = row
             bar.update(len(idx))
-            done += len(idx); report_progress("grafting", done, total)
+            done += len(idx)
+            report_progress("grafting", done, total)
     bar.close()
     return [r for p in plans for r in rows[p.name]]
 
 # %% ../../nbs/03_evaluate.ipynb #5bdd0a84
 def _check_summary_rows(df: pd.DataFrame, ok: pd.DataFrame, by: list[str]):
     "Raise, naming what is missing, unless the rows give a summary: `by` keys in every row, rank and prob, a scored row."
-    if df.empty: raise ValueError("summarize got no rows. Fix: pass the rows of evaluate_plans (or score_plan).")
+    if df.empty:
+        raise ValueError("summarize got no rows. Fix: pass the rows of evaluate_plans (or score_plan).")
     missing = [k for k in by if k not in df or df[k].isna().any()]
     missing += [k for k in ("rank", "prob") if k not in ok and not ok.empty]
     if missing:
-        raise ValueError(f"summarize needs the key(s) {missing} in every row, but the rows lack them (they have "
-                         f"{', '.join(map(str, df.columns))}). Fix: add them to the rows, or group by keys they have "
-                         "(by=...).")
+        raise ValueError(
+            f"summarize needs the key(s) {missing} in every row, but the rows lack them (they have "
+            f"{', '.join(map(str, df.columns))}). Fix: add them to the rows, or group by keys they have "
+            "(by=...)."
+        )
     if ok.empty:
         why = sorted(set(df["skip_reason"].dropna())) if "skip_reason" in df else []
-        raise ValueError(f"summarize: all {len(df)} rows are skipped ({'; '.join(why) or 'no reason given'}): there is "
-                         "nothing to score. Fix: use positions the prompts have, or prompts that have them.")
+        raise ValueError(
+            f"summarize: all {len(df)} rows are skipped ({'; '.join(why) or 'no reason given'}): there is "
+            "nothing to score. Fix: use positions the prompts have, or prompts that have them."
+        )
+
 
 def summarize(rows, ks=(1, 5), by=("plan", "template")):
     "A pandas table of top-k accuracy, mean target probability and counts (n, skipped) per `by` group."
     df = pd.DataFrame(rows)
-    if "skipped" not in df: df["skipped"] = False
+    if "skipped" not in df:
+        df["skipped"] = False
     ok = df[~df["skipped"].astype(bool)]
     _check_summary_rows(df, ok, list(by))
     g = ok.groupby(list(by), sort=False)
     out = pd.DataFrame({f"top{k}": g["rank"].apply(lambda r, k=k: float((r < k).mean())) for k in ks})
     out["mean_prob"] = g["prob"].mean()
-    if "exact_match" in ok: out["exact_match"] = g["exact_match"].mean()
+    if "exact_match" in ok:
+        out["exact_match"] = g["exact_match"].mean()
     out["n"] = g.size()
     out["skipped"] = df.groupby(list(by), sort=False)["skipped"].sum().reindex(out.index).fillna(0).astype(int)
     return out.reset_index()
@@ -414,107 +587,186 @@ def adapter_roles(models: dict, plans: list, alone: bool = True) -> dict[str, st
     with no rules, done as its base with the adapter grafted everywhere: the same model)."""
     out = {}
     for role, m in models.items():
-        if isinstance(m, tuple) or adapter_dir(m) is None: continue
+        if isinstance(m, tuple) or adapter_dir(m) is None:
+            continue
         base = read_adapter(m).base
         home = next((r for r, o in models.items() if r != role and not isinstance(o, tuple) and str(o) == base), None)
-        grafted_into_base = all(r.method != "patch" and str(models.get(p.base)) == base
-                                for p in plans for r in p.rules if r.donor == role)
-        if home and grafted_into_base and all(alone and not p.rules for p in plans if p.base == role): out[role] = home
+        grafted_into_base = all(
+            r.method != "patch" and str(models.get(p.base)) == base for p in plans for r in p.rules if r.donor == role
+        )
+        if home and grafted_into_base and all(alone and not p.rules for p in plans if p.base == role):
+            out[role] = home
     return out
+
 
 def _adapter_plans(plans: list, light: dict) -> list:
     "`plans` with each plan that runs a light adapter role alone rewritten as its base role with the adapter grafted everywhere."
     return [dataclasses.replace(p, base=light[p.base], rules=[Rule(p.base)]) if p.base in light else p for p in plans]
+
 
 def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, object]:
     """Load each distinct model of a role -> (name | path | model) mapping once; `adapters` (role -> its base's role, from
     `adapter_roles`): those roles become one LoRA donor view of their base each. Return (role -> model, tokenizer)."""
     loaded, out, tok, adapters = {}, {}, None, adapters or {}
     for role, m in models.items():
-        if role in adapters: continue
-        if isinstance(m, tuple): out[role], tok = m[0], tok or m[1]; continue
+        if role in adapters:
+            continue
+        if isinstance(m, tuple):
+            out[role], tok = m[0], tok or m[1]
+            continue
         key = str(m)
-        if key not in loaded: loaded[key] = load(key)
-        out[role] = loaded[key][0]; tok = tok or loaded[key][1]
-    for role, home in adapters.items(): out[role] = as_donor(out[home], read_adapter(models[role]))   # built once
+        if key not in loaded:
+            loaded[key] = load(key)
+        out[role] = loaded[key][0]
+        tok = tok or loaded[key][1]
+    for role, home in adapters.items():
+        out[role] = as_donor(out[home], read_adapter(models[role]))  # built once
     return {r: out[r] for r in models}, tok
 
-def select_examples(dataset_dir, templates="all", split="all", max_examples: int = 0, direction: str = "A2B") -> list[dict]:
+
+def select_examples(
+    dataset_dir, templates="all", split="all", max_examples: int = 0, direction: str = "A2B"
+) -> list[dict]:
     "Evaluation examples of a dataset directory, filtered by template names and fact split; B2A: the reversal prompts."
-    if direction not in DIRECTIONS: raise ValueError(f"direction must be A2B or B2A, got {direction!r}.")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be A2B or B2A, got {direction!r}.")
     if direction == "B2A" and not has_reversal_prompts(dataset_dir):
-        raise ValueError(f"{dataset_dir} has no reversal (B2A) prompts: custom datasets have none, and datasets built "
-                         "before dwg wrote them neither; rebuild the dataset, or leave reversal_plans empty.")
+        raise ValueError(
+            f"{dataset_dir} has no reversal (B2A) prompts: custom datasets have none, and datasets built "
+            "before dwg wrote them neither; rebuild the dataset, or leave reversal_plans empty."
+        )
     exs = load_split(dataset_dir, "eval" if direction == "A2B" else "eval_b2a")
     names = sorted({e["template"] for e in exs})
     if templates != "all":
         templates = [templates] if isinstance(templates, str) else list(templates)
         bad = [t for t in templates if t not in names]
-        if bad: raise ValueError(f"Unknown evaluation template(s) {bad}; this dataset has: {', '.join(names)}.")
+        if bad:
+            raise ValueError(f"Unknown evaluation template(s) {bad}; this dataset has: {', '.join(names)}.")
         exs = [e for e in exs if e["template"] in templates]
-    if split != "all": exs = [e for e in exs if e.get("split") == split]
-    if not exs: raise ValueError(f"No evaluation examples in {dataset_dir} for templates={templates}, split={split}.")
+    if split != "all":
+        exs = [e for e in exs if e.get("split") == split]
+    if not exs:
+        raise ValueError(f"No evaluation examples in {dataset_dir} for templates={templates}, split={split}.")
     return exs[:max_examples] if max_examples else exs
+
 
 def _with_roles(plans: list, roles: set) -> list:
     "The plans whose position roles the dataset has; the others are left out, and said so (e.g. movie plans on custom facts)."
     out = [p for p in plans if not unknown_roles(p, roles)]
     if left := [p.name for p in plans if p not in out]:
         missing = sorted({n for p in plans for n in unknown_roles(p, roles)})
-        print(f"left out {len(left)} plan(s) naming position role(s) {missing}, which this dataset's prompts do not have "
-              f"(its roles: {', '.join(sorted(roles))}): {', '.join(left)}")
-    if plans and not out: check_plan_roles(plans, roles)   # nothing left: the error names the roles there are
+        print(
+            f"left out {len(left)} plan(s) naming position role(s) {missing}, which this dataset's prompts do not have "
+            f"(its roles: {', '.join(sorted(roles))}): {', '.join(left)}"
+        )
+    if plans and not out:
+        check_plan_roles(plans, roles)  # nothing left: the error names the roles there are
     return out
+
 
 def _generating(generate, plans: list, roles: list, depth: int):
     "True / False as given, or the set of plan names a list of plan and group names means; an error if not among `plans`."
-    if isinstance(generate, bool): return generate
+    if isinstance(generate, bool):
+        return generate
     names = set(expand_plans(resolve_plans(generate, roles, "generate", provider="these models"), depth))
     if bad := sorted(names - {p.name for p in plans}):
-        raise ValueError(f"generate names plans that this run does not score: {', '.join(bad)}. Fix: choose among "
-                         f"{', '.join(p.name for p in plans)}, or give true / false.")
+        raise ValueError(
+            f"generate names plans that this run does not score: {', '.join(bad)}. Fix: choose among "
+            f"{', '.join(p.name for p in plans)}, or give true / false."
+        )
     return names
 
-def run_grafting(models: dict, dataset_dir, plans: list, experiment: str, templates="all", split="all",
-                 batch_size: int = 64, generate: bool | list = False, generated: str = "base", max_examples: int = 0,
-                 out_dir=None, seed: int = 0, config: dict | None = None, model_name: str | None = None,
-                 reversal_plans=()):
+
+def run_grafting(
+    models: dict,
+    dataset_dir,
+    plans: list,
+    experiment: str,
+    templates="all",
+    split="all",
+    batch_size: int = 64,
+    generate: bool | list = False,
+    generated: str = "base",
+    max_examples: int = 0,
+    out_dir=None,
+    seed: int = 0,
+    config: dict | None = None,
+    model_name: str | None = None,
+    reversal_plans=(),
+):
     """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
     results + run record. `reversal_plans` (names among `plans`) are scored on the reversal (B2A) prompts too;
     `generate`: True, False, or plan and group names (among `plans`) that also decode the whole name."""
     started = time.time()
-    nominal = [get_plan(p) for p in expand_plans(plans, 4)]   # depth-dependent families at a nominal depth: roles
+    nominal = [get_plan(p) for p in expand_plans(plans, 4)]  # depth-dependent families at a nominal depth: roles
     need = sorted({r for p in nominal for r in p.roles} - set(models))
-    if need: raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
+    if need:
+        raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
     examples = select_examples(dataset_dir, templates, split, max_examples)
-    roles = example_roles(select_examples(dataset_dir, "all", "all"))   # the dataset's roles: the chosen prompts may lack some
+    roles = example_roles(
+        select_examples(dataset_dir, "all", "all")
+    )  # the dataset's roles: the chosen prompts may lack some
     used = {r: m for r, m in models.items() if any(r in p.roles for p in nominal)}
     light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
     bound, tok = _load_roles(used, light)
     depth = next(iter(bound.values())).config.num_hidden_layers
     wanted = [get_plan(p) for p in expand_plans(plans, depth)]
-    generate = _generating(generate, wanted, list(models), depth)   # names of plans the dataset's roles leave out: unused
+    generate = _generating(
+        generate, wanted, list(models), depth
+    )  # names of plans the dataset's roles leave out: unused
     plans = _adapter_plans(_with_roles(wanted, roles), light)
-    if reversal_plans and not has_reversal_prompts(dataset_dir):   # custom facts: none
-        print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts"); reversal_plans = ()
-    if (bad := sorted(set(reversal_plans) - {p.name for p in plans})):
-        raise ValueError(f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}.")
-    with reusing_freed_memory():   # each chunk's large buffers reuse the last one's memory
-        rows = evaluate_plans(plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed)
+    if reversal_plans and not has_reversal_prompts(dataset_dir):  # custom facts: none
+        print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts")
+        reversal_plans = ()
+    if bad := sorted(set(reversal_plans) - {p.name for p in plans}):
+        raise ValueError(
+            f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}."
+        )
+    with reusing_freed_memory():  # each chunk's large buffers reuse the last one's memory
+        rows = evaluate_plans(
+            plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed
+        )
         if reversal_plans:
             reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
-            rows += evaluate_plans([p for p in plans if p.name in reversal_plans], bound, tok, reverse, batch_size,
-                                   roles=roles, generate=generate, generated=generated, seed=seed)
+            rows += evaluate_plans(
+                [p for p in plans if p.name in reversal_plans],
+                bound,
+                tok,
+                reverse,
+                batch_size,
+                roles=roles,
+                generate=generate,
+                generated=generated,
+                seed=seed,
+            )
     info = Path(dataset_dir) / "dataset_info.json"
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
-    for r in rows: r.update(experiment=experiment, model=model_name, dataset=kind)
+    for r in rows:
+        r.update(experiment=experiment, model=model_name, dataset=kind)
     if out_dir is not None:
         write_jsonl(Path(out_dir) / "results.jsonl", rows)
         skipped = sum(r["skipped"] for r in rows)
-        write_run_record(out_dir, config or dict(models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
-                         dataset_dir=str(dataset_dir), plans=[p.name for p in plans], experiment=experiment,
-                         templates=templates, split=split, batch_size=batch_size, generate=generate,
-                         generated=generated, max_examples=max_examples, seed=seed, reversal_plans=list(reversal_plans)),
-                         started, n_rows=len(rows), n_skipped=skipped, n_examples=len(examples))
+        write_run_record(
+            out_dir,
+            config
+            or dict(
+                models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
+                dataset_dir=str(dataset_dir),
+                plans=[p.name for p in plans],
+                experiment=experiment,
+                templates=templates,
+                split=split,
+                batch_size=batch_size,
+                generate=generate,
+                generated=generated,
+                max_examples=max_examples,
+                seed=seed,
+                reversal_plans=list(reversal_plans),
+            ),
+            started,
+            n_rows=len(rows),
+            n_skipped=skipped,
+            n_examples=len(examples),
+        )
     return pd.DataFrame(rows)

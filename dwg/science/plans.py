@@ -4,7 +4,8 @@
 
 # %% ../../nbs/02a_plans.ipynb #10a939b9
 from __future__ import annotations
-import json, random
+import json
+import random
 from collections import Counter
 from pathlib import Path
 import yaml
@@ -26,224 +27,356 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
 class MissingSpan(KeyError):
     "A plan names a field whose span this prompt does not have."
 
+
 def _complemented(spec: dict):
     "What a `{not: ...}` positions dict takes the complement of, or a clear error."
-    if set(spec) != {"not"}: raise ValueError(f"A positions dict must be {{'not': ...}}; got keys {sorted(spec)}.")
+    if set(spec) != {"not"}:
+        raise ValueError(f"A positions dict must be {{'not': ...}}; got keys {sorted(spec)}.")
     return spec["not"]
+
 
 def resolve_positions(spec, fields: dict[str, list[int]], n_tokens: int) -> set[int]:
     "Token indices (0..n_tokens-1) named by `spec`, given each field's token indices in the prompt."
-    if isinstance(spec, dict): return set(range(n_tokens)) - resolve_positions(_complemented(spec), fields, n_tokens)
-    if isinstance(spec, (list, tuple)): return set().union(*[resolve_positions(s, fields, n_tokens) for s in spec])
-    if spec == "all": return set(range(n_tokens))
-    if spec == "last_token": return {n_tokens - 1}
-    if spec not in fields or not fields[spec]: raise MissingSpan(spec)
+    if isinstance(spec, dict):
+        return set(range(n_tokens)) - resolve_positions(_complemented(spec), fields, n_tokens)
+    if isinstance(spec, (list, tuple)):
+        return set().union(*[resolve_positions(s, fields, n_tokens) for s in spec])
+    if spec == "all":
+        return set(range(n_tokens))
+    if spec == "last_token":
+        return {n_tokens - 1}
+    if spec not in fields or not fields[spec]:
+        raise MissingSpan(spec)
     return set(fields[spec])
 
-SPECIAL_POSITIONS = ("last_token", "all")   # positions every prompt has; any other name is a span role of the examples
+
+SPECIAL_POSITIONS = ("last_token", "all")  # positions every prompt has; any other name is a span role of the examples
+
 
 def position_names(spec) -> list[str]:
     "The names a positions spec uses (span roles, `last_token`, `all`), through lists and `{not: ...}`."
-    if isinstance(spec, dict): return position_names(_complemented(spec))
-    if isinstance(spec, (list, tuple)): return [n for s in spec for n in position_names(s)]
+    if isinstance(spec, dict):
+        return position_names(_complemented(spec))
+    if isinstance(spec, (list, tuple)):
+        return [n for s in spec for n in position_names(s)]
     return [spec]
+
 
 def check_positions(spec):
     "Raise unless `spec` is a positions spec: a role name, `last_token`, `all`, a list of them, or `{not: ...}`."
     names = position_names(spec)
     if not names or any(not isinstance(n, str) or not n.strip() for n in names):
-        raise ValueError(f"Bad positions {spec!r}: use a span role of the prompts (e.g. first_actor, or a field of your "
-                         "facts), last_token or all; a list is their union, {not: [...]} the complement.")
+        raise ValueError(
+            f"Bad positions {spec!r}: use a span role of the prompts (e.g. first_actor, or a field of your "
+            "facts), last_token or all; a list is their union, {not: [...]} the complement."
+        )
+
 
 def example_roles(examples: list[dict]) -> set[str]:
     "The span roles the evaluation examples carry (the keys of their `spans`)."
     return {role for e in examples for role in e.get("spans", {})}
+
 
 def unknown_roles(plan, roles) -> list[str]:
     "The position roles `plan` grafts at that are neither in `roles` nor special (`last_token`, `all`)."
     known = set(roles) | set(SPECIAL_POSITIONS)
     return list(dict.fromkeys(n for rule in plan.rules for n in position_names(rule.positions) if n not in known))
 
+
 def check_plan_roles(plans: list, roles) -> None:
     "Raise if a plan grafts at a role that none of `roles` (the examples' span roles) is, naming the roles there are."
     for plan in plans:
         if bad := unknown_roles(plan, roles):
-            raise ValueError(f"Plan '{plan.name}' grafts at position role(s) {bad}, which no evaluation example has. "
-                             f"The examples' roles: {', '.join(sorted(roles)) or 'none'}; and always last_token, "
-                             "all. Fix the spelling, or evaluate on examples whose prompts contain that field.")
-
+            raise ValueError(
+                f"Plan '{plan.name}' grafts at position role(s) {bad}, which no evaluation example has. "
+                f"The examples' roles: {', '.join(sorted(roles)) or 'none'}; and always last_token, "
+                "all. Fix the spelling, or evaluate on examples whose prompts contain that field."
+            )
 
 # %% ../../nbs/02a_plans.ipynb #78a6de28
 METHODS = ("graft", "patch")
 
+
 @dataclass
 class Rule:
     "At `positions`, graft `donor`'s weights for `layers` x `components`, or patch its activations at `sites`."
+
     donor: str
     positions: object = "all"
     layers: object = "all"
     components: object = "all"
     layer_dropout: float = 0.0
     dropout_strategy: str = "random"
-    method: str = "graft"            # graft: the donor's weights (dwg.engine.graft); patch: its activations (dwg.engine.patch)
-    sites: object = "resid_post"     # what `patch` replaces (ignored by `graft`)
+    method: str = "graft"  # graft: the donor's weights (dwg.engine.graft); patch: its activations (dwg.engine.patch)
+    sites: object = "resid_post"  # what `patch` replaces (ignored by `graft`)
 
     def __post_init__(self):
         check_positions(self.positions)
         if self.method not in METHODS:
-            raise ValueError(f"Unknown method '{self.method}' in a rule: use 'graft' (weights) or 'patch' (activations).")
-        if isinstance(self.layer_dropout, bool) or not isinstance(self.layer_dropout, (int, float)) \
-                or not 0 <= self.layer_dropout < 1:
-            raise ValueError(f"A rule's layer_dropout must be a number in [0, 1) (the share of its layers left out), "
-                             f"got {self.layer_dropout!r}.")
+            raise ValueError(
+                f"Unknown method '{self.method}' in a rule: use 'graft' (weights) or 'patch' (activations)."
+            )
+        if (
+            isinstance(self.layer_dropout, bool)
+            or not isinstance(self.layer_dropout, (int, float))
+            or not 0 <= self.layer_dropout < 1
+        ):
+            raise ValueError(
+                f"A rule's layer_dropout must be a number in [0, 1) (the share of its layers left out), "
+                f"got {self.layer_dropout!r}."
+            )
         if self.dropout_strategy not in ("random", "count"):
             raise ValueError(f"Unknown dropout_strategy '{self.dropout_strategy}' in a rule: use 'random' or 'count'.")
+
 
 @dataclass
 class GraftPlan:
     "A base model role plus grafting rules; round-trips through plain dicts (and YAML)."
+
     name: str
     base: str
     rules: list = field(default_factory=list)
 
     def __post_init__(self):
         if not isinstance(self.rules, (list, tuple)) or not all(isinstance(r, (Rule, dict)) for r in self.rules):
-            raise ValueError(f"Plan '{self.name}': rules must be a list of rules (Rule objects or mappings with donor, "
-                             f"positions, layers, ...), got {self.rules!r}.")
+            raise ValueError(
+                f"Plan '{self.name}': rules must be a list of rules (Rule objects or mappings with donor, "
+                f"positions, layers, ...), got {self.rules!r}."
+            )
         self.rules = [r if isinstance(r, Rule) else _from_dict(Rule, r, "rule") for r in self.rules]
 
-    def to_dict(self) -> dict: return asdict(self)
+    def to_dict(self) -> dict:
+        return asdict(self)
+
     @classmethod
     def from_dict(cls, d: dict) -> "GraftPlan":
         "A plan from a dict; one that carries figure layout keys is a `PaperPlan`."
         layout = cls is GraftPlan and set(d) - set(cls.__dataclass_fields__) <= set(PaperPlan.__dataclass_fields__)
         return _from_dict(PaperPlan if layout and set(d) - set(cls.__dataclass_fields__) else cls, d, "plan")
+
     @property
-    def roles(self) -> list[str]: return list(dict.fromkeys([self.base, *[r.donor for r in self.rules]]))
+    def roles(self) -> list[str]:
+        return list(dict.fromkeys([self.base, *[r.donor for r in self.rules]]))
+
     @property
-    def display(self) -> str: return self.name
+    def display(self) -> str:
+        return self.name
+
     @property
-    def patches(self) -> bool: return any(r.method == "patch" for r in self.rules)
+    def patches(self) -> bool:
+        return any(r.method == "patch" for r in self.rules)
+
 
 @dataclass
 class PaperPlan(GraftPlan):
     "A plan of the paper's catalogue and where its figures draw it; the layout changes nothing that is grafted."
-    figures: tuple = ()              # figures that draw this plan (as a bar or cell, not as a reference line)
-    position: str | None = None      # the cell it fills there: position set (FE, LT, ...),
-    component_set: str | None = None # component set (o+ffn, attn, ...),
-    layer_group: str | None = None   # layer group (all, last_half, first_quarter, ...)
-    variant: str | None = None       # and variant (e.g. hybrid)
-    label: str | None = None         # readable name for axes; default: the name
-    references: tuple = ()           # figures that draw this plan as a reference line
+
+    figures: tuple = ()  # figures that draw this plan (as a bar or cell, not as a reference line)
+    position: str | None = None  # the cell it fills there: position set (FE, LT, ...),
+    component_set: str | None = None  # component set (o+ffn, attn, ...),
+    layer_group: str | None = None  # layer group (all, last_half, first_quarter, ...)
+    variant: str | None = None  # and variant (e.g. hybrid)
+    label: str | None = None  # readable name for axes; default: the name
+    references: tuple = ()  # figures that draw this plan as a reference line
 
     def __post_init__(self):
         super().__post_init__()
         self.figures, self.references = tuple(self.figures), tuple(self.references)
+
     @property
-    def display(self) -> str: return self.label or self.name
+    def display(self) -> str:
+        return self.label or self.name
+
 
 def _from_dict(cls, d: dict, what: str):
     "Build a dataclass from a dict; unknown keys are an error that names them."
     valid = cls.__dataclass_fields__
     bad = [k for k in d if k not in valid]
-    if bad: raise ValueError(f"Unknown {what} key(s) {bad}; valid keys: {', '.join(valid)}.")
+    if bad:
+        raise ValueError(f"Unknown {what} key(s) {bad}; valid keys: {', '.join(valid)}.")
     return cls(**d)
+
 
 def kept_layers(layers: list[int], fraction: float, strategy: str = "random", seed: int = 0) -> list[int]:
     "The layers kept after dropping `fraction` of them (`random`: each with that probability; `count`: that share)."
-    if not fraction: return layers
+    if not fraction:
+        return layers
     rng = random.Random(seed)
-    if strategy == "random": return [l for l in layers if rng.random() >= fraction]
-    if strategy == "count": return sorted(rng.sample(layers, len(layers) - round(fraction * len(layers))))
+    if strategy == "random":
+        return [l for l in layers if rng.random() >= fraction]
+    if strategy == "count":
+        return sorted(rng.sample(layers, len(layers) - round(fraction * len(layers))))
     raise ValueError(f"Unknown dropout_strategy '{strategy}': use 'random' or 'count'.")
 
 # %% ../../nbs/02a_plans.ipynb #b84a4560
-FIG1 = ("positions", "generation")             # figure 1 (and 5: whole-name generation)
-BASELINES = (*FIG1, "movie_spans", "depth", "methods")   # the figures with PRE and SFT as reference lines
-POSITION_SETS = {   # name: (positions, figures)
-    "FE": (["first_actor"], (*FIG1, "movie_spans")), "LT": (["last_token"], (*FIG1, "movie_spans")),
+FIG1 = ("positions", "generation")  # figure 1 (and 5: whole-name generation)
+BASELINES = (*FIG1, "movie_spans", "depth", "methods")  # the figures with PRE and SFT as reference lines
+POSITION_SETS = {  # name: (positions, figures)
+    "FE": (["first_actor"], (*FIG1, "movie_spans")),
+    "LT": (["last_token"], (*FIG1, "movie_spans")),
     "FE+LT": (["first_actor", "last_token"], (*FIG1, "movie_spans")),
-    "(FE+LT)^C": ({"not": ["first_actor", "last_token"]}, FIG1), "not_FE": ({"not": ["first_actor"]}, FIG1),
-    "not_LT": ({"not": ["last_token"]}, FIG1), "M": (["movie_title"], ("movie_spans",)),
-    "FE+M": (["first_actor", "movie_title"], ("movie_spans",)), "M+LT": (["movie_title", "last_token"], ("movie_spans",)),
-    "FE+M+LT": (["first_actor", "movie_title", "last_token"], ("movie_spans",))}
+    "(FE+LT)^C": ({"not": ["first_actor", "last_token"]}, FIG1),
+    "not_FE": ({"not": ["first_actor"]}, FIG1),
+    "not_LT": ({"not": ["last_token"]}, FIG1),
+    "M": (["movie_title"], ("movie_spans",)),
+    "FE+M": (["first_actor", "movie_title"], ("movie_spans",)),
+    "M+LT": (["movie_title", "last_token"], ("movie_spans",)),
+    "FE+M+LT": (["first_actor", "movie_title", "last_token"], ("movie_spans",)),
+}
 LABELS = {"not_FE": "not FE", "not_LT": "not LT", "(FE+LT)^C": "(FE+LT)ᶜ"}
-COMPONENT_SETS = {"attn+ffn": ["attn", "ffn"], "o+ffn": ["o", "ffn"], "ffn": ["ffn"], "o": ["o"], "attn": ["attn"],
-                  "q": ["q"], "k": ["k"], "v": ["v"], "q+k": ["q", "k"], "v+o": ["v", "o"]}
+COMPONENT_SETS = {
+    "attn+ffn": ["attn", "ffn"],
+    "o+ffn": ["o", "ffn"],
+    "ffn": ["ffn"],
+    "o": ["o"],
+    "attn": ["attn"],
+    "q": ["q"],
+    "k": ["k"],
+    "v": ["v"],
+    "q+k": ["q", "k"],
+    "v+o": ["v", "o"],
+}
 COMPONENT_LAYERS = ["all", "last_half"]
-DEPTH_GROUPS = {"attn": "graft-attn", "ffn": "graft-ffn", "attn+ffn": "graft"}   # figure 4's groups: the method grafting each
-DEPTH_POSITIONS = ("FE", "LT")   # figure 4's columns
+DEPTH_GROUPS = {
+    "attn": "graft-attn",
+    "ffn": "graft-ffn",
+    "attn+ffn": "graft",
+}  # figure 4's groups: the method grafting each
+DEPTH_POSITIONS = ("FE", "LT")  # figure 4's columns
 QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
+
 
 def position_plans() -> list[PaperPlan]:
     "Figures 1, 2 and 5: PRE, SFT, and the fine-tuned model grafted into the pretrained one at each position set."
-    plans = [PaperPlan("PRE", "pretrained", figures=FIG1, references=BASELINES),
-             PaperPlan("SFT", "finetuned", figures=FIG1, references=BASELINES)]
-    return plans + [PaperPlan(name, "pretrained", [Rule("finetuned", pos)], figures=figs, position=name,
-                              label=LABELS.get(name)) for name, (pos, figs) in POSITION_SETS.items()]
+    plans = [
+        PaperPlan("PRE", "pretrained", figures=FIG1, references=BASELINES),
+        PaperPlan("SFT", "finetuned", figures=FIG1, references=BASELINES),
+    ]
+    return plans + [
+        PaperPlan(name, "pretrained", [Rule("finetuned", pos)], figures=figs, position=name, label=LABELS.get(name))
+        for name, (pos, figs) in POSITION_SETS.items()
+    ]
+
 
 def reverse_plans() -> list[PaperPlan]:
     "The pretrained model grafted into the fine-tuned one at each position set (`pre->sft:NAME`; no figure)."
-    return [PaperPlan(f"pre->sft:{name}", "finetuned", [Rule("pretrained", pos)], position=name)
-            for name, (pos, _) in POSITION_SETS.items()]
+    return [
+        PaperPlan(f"pre->sft:{name}", "finetuned", [Rule("pretrained", pos)], position=name)
+        for name, (pos, _) in POSITION_SETS.items()
+    ]
+
 
 def _component_references() -> list[PaperPlan]:
     "The task and relation models alone: the reference lines of figure 3."
-    return [PaperPlan("TASK", "task", references=("components",)),
-            PaperPlan("RELATION", "relation", references=("components",))]
+    return [
+        PaperPlan("TASK", "task", references=("components",)),
+        PaperPlan("RELATION", "relation", references=("components",)),
+    ]
+
 
 def component_plans() -> list[PaperPlan]:
     "Figure 3: the relation model grafted into the task model at the last token, per component set and layer group."
-    fe_lt = PaperPlan("FE+LT:relation->task", "task", [Rule("relation", POSITION_SETS["FE+LT"][0])],
-                      position="FE+LT", label="FE+LT (all)", references=("components",))
+    fe_lt = PaperPlan(
+        "FE+LT:relation->task",
+        "task",
+        [Rule("relation", POSITION_SETS["FE+LT"][0])],
+        position="FE+LT",
+        label="FE+LT (all)",
+        references=("components",),
+    )
     return [*_component_references(), fe_lt] + [
-        PaperPlan(f"LT:{c}@{lg}", "task", [Rule("relation", ["last_token"], lg, comps)], figures=("components",),
-                  position="LT", component_set=c, layer_group=lg)
-        for c, comps in COMPONENT_SETS.items() for lg in COMPONENT_LAYERS]
+        PaperPlan(
+            f"LT:{c}@{lg}",
+            "task",
+            [Rule("relation", ["last_token"], lg, comps)],
+            figures=("components",),
+            position="LT",
+            component_set=c,
+            layer_group=lg,
+        )
+        for c, comps in COMPONENT_SETS.items()
+        for lg in COMPONENT_LAYERS
+    ]
+
 
 def hybrid_plans() -> list[PaperPlan]:
     "Figure 3's hybrid panel: the relation model at FE (all components) plus a component set at the last token."
     return _component_references() + [
-        PaperPlan(f"hybrid:LT:{c}@{lg}", "task", [Rule("relation", ["first_actor"]),
-                                                  Rule("relation", ["last_token"], lg, comps)],
-                  figures=("components",), position="LT", component_set=c, layer_group=lg, variant="hybrid")
-        for c, comps in COMPONENT_SETS.items() for lg in COMPONENT_LAYERS]
+        PaperPlan(
+            f"hybrid:LT:{c}@{lg}",
+            "task",
+            [Rule("relation", ["first_actor"]), Rule("relation", ["last_token"], lg, comps)],
+            figures=("components",),
+            position="LT",
+            component_set=c,
+            layer_group=lg,
+            variant="hybrid",
+        )
+        for c, comps in COMPONENT_SETS.items()
+        for lg in COMPONENT_LAYERS
+    ]
+
 
 def depth_plans() -> list[PaperPlan]:
     """Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT: the grafting plans
     of `methods` there (one plan, one name: a methods run also draws figure 4)."""
     return [method_plan(m, pos, q) for pos in DEPTH_POSITIONS for m in DEPTH_GROUPS.values() for q in QUARTERS]
 
-COMPARED_METHODS = {   # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
-    "graft": ("graft", ["attn", "ffn"]), "graft-attn": ("graft", ["attn"]), "graft-ffn": ("graft", ["ffn"]),
-    "patch-resid": ("patch", ["resid_post"]), "patch-blocks": ("patch", ["attn_out", "mlp_out"])}
+
+COMPARED_METHODS = {  # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
+    "graft": ("graft", ["attn", "ffn"]),
+    "graft-attn": ("graft", ["attn"]),
+    "graft-ffn": ("graft", ["ffn"]),
+    "patch-resid": ("patch", ["resid_post"]),
+    "patch-blocks": ("patch", ["attn_out", "mlp_out"]),
+}
 METHOD_POSITIONS = ["FE", "LT", "FE+LT", "(FE+LT)^C"]
+
 
 def method_plan(method: str, position: str, layers: str) -> PaperPlan:
     "`METHOD:POSITION@LAYERS`: one compared method, fine-tuned into pretrained, at a position set over a layer spec."
     kind, what = COMPARED_METHODS[method]
-    rule = Rule("finetuned", POSITION_SETS[position][0], layers, method=kind,
-                **{"components" if kind == "graft" else "sites": what})
-    depth = method in DEPTH_GROUPS.values() and position in DEPTH_POSITIONS and layers in QUARTERS   # also figure 4's
-    return PaperPlan(f"{method}:{position}@{layers}", "pretrained", [rule], figures=("methods", "depth")[:1 + depth],
-                     position=position, component_set="+".join(what), layer_group=layers, variant=method,
-                     label=f"{method} at {LABELS.get(position, position)}")
+    rule = Rule(
+        "finetuned",
+        POSITION_SETS[position][0],
+        layers,
+        method=kind,
+        **{"components" if kind == "graft" else "sites": what},
+    )
+    depth = method in DEPTH_GROUPS.values() and position in DEPTH_POSITIONS and layers in QUARTERS  # also figure 4's
+    return PaperPlan(
+        f"{method}:{position}@{layers}",
+        "pretrained",
+        [rule],
+        figures=("methods", "depth")[: 1 + depth],
+        position=position,
+        component_set="+".join(what),
+        layer_group=layers,
+        variant=method,
+        label=f"{method} at {LABELS.get(position, position)}",
+    )
+
 
 def _method_family(layer_specs: list[str]) -> list[PaperPlan]:
     "PRE, SFT, and every compared method at every method position over each layer spec."
     refs = [p for p in position_plans() if p.name in ("PRE", "SFT")]
-    return refs + [method_plan(m, pos, layers) for m in COMPARED_METHODS for pos in METHOD_POSITIONS
-                   for layers in layer_specs]
+    return refs + [
+        method_plan(m, pos, layers) for m in COMPARED_METHODS for pos in METHOD_POSITIONS for layers in layer_specs
+    ]
+
 
 def method_plans() -> list[PaperPlan]:
     "Grafting vs activation patching, the coarse grid: each method at FE, LT, FE+LT, (FE+LT)^C in each layer quarter."
     return _method_family(QUARTERS)
 
+
 def method_grid(n_layers: int) -> list[PaperPlan]:
     "The full grid for a model of `n_layers` layers: each single layer, each quarter, and each 'from layer L to the end'."
     return _method_family([f"layer_{i}" for i in range(n_layers)] + QUARTERS + [f"from_{i}" for i in range(n_layers)])
 
+
 _METHOD_NAME = re.compile(r"(?P<method>[a-z-]+):(?P<position>.+)@(?P<layers>(?:layer|from)_\d+)")
+
 
 def parse_method_plan(name: str) -> GraftPlan | None:
     "The grid plan a name like `patch-resid:LT@layer_12` or `graft:FE@from_20` stands for (None if it is none)."
@@ -251,16 +384,28 @@ def parse_method_plan(name: str) -> GraftPlan | None:
     if m and m["method"] in COMPARED_METHODS and m["position"] in METHOD_POSITIONS:
         return method_plan(m["method"], m["position"], m["layers"])
 
-FAMILIES = {"position": position_plans, "reverse": reverse_plans, "components": component_plans,
-            "hybrid": hybrid_plans, "methods": method_plans, "depth": depth_plans}
-DEPTH_FAMILIES = {"methods_grid": method_grid}   # families whose plans depend on the model's number of layers
+
+FAMILIES = {
+    "position": position_plans,
+    "reverse": reverse_plans,
+    "components": component_plans,
+    "hybrid": hybrid_plans,
+    "methods": method_plans,
+    "depth": depth_plans,
+}
+DEPTH_FAMILIES = {"methods_grid": method_grid}  # families whose plans depend on the model's number of layers
 
 # %% ../../nbs/02a_plans.ipynb #bffc31cd
-ROLE_SETS = {"position": ("pretrained", "finetuned"), "components": ("task", "relation")}  # what each grafting stage loads
+ROLE_SETS = {
+    "position": ("pretrained", "finetuned"),
+    "components": ("task", "relation"),
+}  # what each grafting stage loads
+
 
 def _family_plans() -> dict[str, list[GraftPlan]]:
     "Each family's plans, by family name."
     return {name: make() for name, make in FAMILIES.items()}
+
 
 def paper_plans() -> dict[str, GraftPlan]:
     "Every plan of every family, by name, in family order."
@@ -268,10 +413,13 @@ def paper_plans() -> dict[str, GraftPlan]:
     for family, plans in _family_plans().items():
         for p in plans:
             if p.name in out and out[p.name] != p:
-                raise ValueError(f"Plan '{p.name}' of family '{family}' differs from the plan of that name in another "
-                                 "family: give it another name.")
+                raise ValueError(
+                    f"Plan '{p.name}' of family '{family}' differs from the plan of that name in another "
+                    "family: give it another name."
+                )
             out.setdefault(p.name, p)
     return out
+
 
 def plan_groups() -> dict[str, list[str]]:
     "Named groups of plans usable as `plans:` in a sweep file: each family, and every plan a stage's roles allow."
@@ -281,17 +429,21 @@ def plan_groups() -> dict[str, list[str]]:
         groups[f"all_{name}"] = [n for n, p in catalog.items() if set(p.roles) <= set(roles)]
     return groups
 
+
 def figure_plans(figure: str) -> list[GraftPlan]:
     "The plans a figure draws, in the order it draws them."
     return [p for p in paper_plans().values() if figure in p.figures]
+
 
 def figure_order(figure: str) -> list[str]:
     "Names of the plans a figure draws, in its order."
     return [p.name for p in figure_plans(figure)]
 
+
 def figure_references(figure: str) -> list[str]:
     "Names of the plans a figure draws as reference lines."
     return [p.name for p in paper_plans().values() if figure in p.references]
+
 
 def figure_own(figure: str) -> list[str]:
     "Names of the plans that bring a run into a figure: those drawn first there, not as references (M... for movie_spans)."
@@ -299,51 +451,71 @@ def figure_own(figure: str) -> list[str]:
     own = [p.name for p in figure_plans(figure) if p.figures[0] == figure and p.name not in refs]
     return own or [p for p in figure_order(figure) if p not in refs]
 
+
 PLAN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
 
 def is_plan_file(plan) -> bool:
     "Whether `plan` names a plan file (a path ending in .yaml, .yml or .json) rather than a plan."
     return isinstance(plan, (str, Path)) and str(plan).endswith(PLAN_FILE_SUFFIXES)
 
+
 def save_plan(plan: GraftPlan, path) -> Path:
     "Write `plan` as a YAML plan file (atomically), readable by `get_plan`, `evaluate_plans` and a sweep's `plans:`."
     return atomic_write(path, yaml.safe_dump(json.loads(json.dumps(plan.to_dict())), sort_keys=False))
 
+
 def load_plan_file(path) -> GraftPlan:
     "The plan in a YAML/JSON plan file, or a clear error."
     p = Path(path)
-    if (why := file_problem(p, "Plan file")): raise ValueError(why)
-    try: d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e: raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(d, dict): raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")
+    if why := file_problem(p, "Plan file"):
+        raise ValueError(why)
+    try:
+        d = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")
     return GraftPlan.from_dict(d)
+
 
 def get_plan(plan) -> GraftPlan:
     "A plan from a name (one of `paper_plans()`, or a grid name like `graft:LT@layer_3`), a plan file, a dict, or a GraftPlan."
-    if isinstance(plan, GraftPlan): return plan
-    if isinstance(plan, dict): return GraftPlan.from_dict(plan)
-    if is_plan_file(plan): return load_plan_file(plan)
+    if isinstance(plan, GraftPlan):
+        return plan
+    if isinstance(plan, dict):
+        return GraftPlan.from_dict(plan)
+    if is_plan_file(plan):
+        return load_plan_file(plan)
     catalog = paper_plans()
-    if plan in catalog: return catalog[plan]
-    if parsed := parse_method_plan(plan): return parsed
-    raise ValueError(f"Unknown plan '{plan}'. Known plans: {', '.join(catalog)}; grid plans METHOD:POSITION@layer_I or "
-                     f"@from_I (METHOD in {', '.join(COMPARED_METHODS)}; POSITION in {', '.join(METHOD_POSITIONS)}); "
-                     "or give a dict/GraftPlan.")
+    if plan in catalog:
+        return catalog[plan]
+    if parsed := parse_method_plan(plan):
+        return parsed
+    raise ValueError(
+        f"Unknown plan '{plan}'. Known plans: {', '.join(catalog)}; grid plans METHOD:POSITION@layer_I or "
+        f"@from_I (METHOD in {', '.join(COMPARED_METHODS)}; POSITION in {', '.join(METHOD_POSITIONS)}); "
+        "or give a dict/GraftPlan."
+    )
+
 
 def get_plans(plans: list) -> list[GraftPlan]:
     "Each plan of a list (see `get_plan`); a single plan, or two plans of one name (their rows would mix), is an error."
     if isinstance(plans, (str, dict, GraftPlan)):
-        raise ValueError(f"plans must be a list of plans (names, GraftPlan objects or plan files), got one: pass [{plans!r}].")
+        raise ValueError(
+            f"plans must be a list of plans (names, GraftPlan objects or plan files), got one: pass [{plans!r}]."
+        )
     plans = [get_plan(p) for p in plans]
-    if (twice := sorted(name for name, n in Counter(p.name for p in plans).items() if n > 1)):
+    if twice := sorted(name for name, n in Counter(p.name for p in plans).items() if n > 1):
         raise ValueError(f"Plan name(s) {twice} appear more than once: give every plan its own name.")
     return plans
+
 
 def expand_plans(plans: list, n_layers: int) -> list:
     "`plans` with each depth-dependent family name (`DEPTH_FAMILIES`) replaced by its plan names for `n_layers` layers."
     family = lambda p: isinstance(p, str) and p in DEPTH_FAMILIES
     out = [q for p in plans for q in ([x.name for x in DEPTH_FAMILIES[p](n_layers)] if family(p) else [p])]
-    return list({q if isinstance(q, str) else id(q): q for q in out}.values())   # each name once
+    return list({q if isinstance(q, str) else id(q): q for q in out}.values())  # each name once
 
 # %% ../../nbs/02a_plans.ipynb #77412da1
 def _members(plans) -> list[str]:
@@ -351,27 +523,42 @@ def _members(plans) -> list[str]:
     groups = plan_groups()
     return [q for p in ([plans] if isinstance(plans, str) else plans) for q in groups.get(p, [p])]
 
+
 def among(names, plans) -> bool:
     "Whether `names` is a non-empty list of plan and group names, all of whose plans `plans` (names or groups) holds."
-    return (isinstance(names, list) and bool(names) and all(isinstance(n, str) for n in names)
-            and set(_members(names)) <= set(_members(plans)))
+    return (
+        isinstance(names, list)
+        and bool(names)
+        and all(isinstance(n, str) for n in names)
+        and set(_members(names)) <= set(_members(plans))
+    )
+
 
 def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list[str]:
     "Plan names from a group name or a list of plan and group names, each runnable with `roles`; else a clear error."
     groups, catalog = plan_groups(), paper_plans()
-    if isinstance(plans, str): plans = [plans]
+    if isinstance(plans, str):
+        plans = [plans]
     if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
-        raise ValueError(f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and "
-                         "group names.")
+        raise ValueError(
+            f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and group names."
+        )
     plans = _members(plans)
-    if unknown := [p for p in plans if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p)
-                   and not is_plan_file(p)]:
-        raise ValueError(f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.science.plans."
-                         f"paper_plans()): {', '.join(catalog)}; groups: {', '.join([*groups, *DEPTH_FAMILIES])}; "
-                         "grid plans like 'graft:LT@layer_3'; or a plan file (.yaml).")
-    need = {p: {r for q in expand_plans([p], 4) for r in get_plan(q).roles} for p in plans}   # depth families: any depth
+    if unknown := [
+        p
+        for p in plans
+        if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p) and not is_plan_file(p)
+    ]:
+        raise ValueError(
+            f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.science.plans."
+            f"paper_plans()): {', '.join(catalog)}; groups: {', '.join([*groups, *DEPTH_FAMILIES])}; "
+            "grid plans like 'graft:LT@layer_3'; or a plan file (.yaml)."
+        )
+    need = {p: {r for q in expand_plans([p], 4) for r in get_plan(q).roles} for p in plans}  # depth families: any depth
     if wrong := [p for p in plans if not need[p] <= set(roles)]:
-        raise ValueError(f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "
-                         f"{sorted({r for p in wrong for r in need[p]})}, but {provider} provides "
-                         f"{list(roles)}. Move them to the other grafting section.")
+        raise ValueError(
+            f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "
+            f"{sorted({r for p in wrong for r in need[p]})}, but {provider} provides "
+            f"{list(roles)}. Move them to the other grafting section."
+        )
     return list(dict.fromkeys(plans))

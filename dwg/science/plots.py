@@ -4,13 +4,24 @@
 
 # %% ../../nbs/06_plots.ipynb #d39fc11f
 from __future__ import annotations
-import functools, inspect, json
+import functools
+import inspect
+import json
 from fnmatch import fnmatch
 from pathlib import Path
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import DEPTH_GROUPS, GraftPlan, figure_order, figure_own, figure_plans, figure_references, paper_plans, parse_method_plan
+from dwg.science.plans import (
+    DEPTH_GROUPS,
+    GraftPlan,
+    figure_order,
+    figure_own,
+    figure_plans,
+    figure_references,
+    paper_plans,
+    parse_method_plan,
+)
 from ..runs import atomic_write, read_jsonl, run_integrity
 
 # %% auto #0
@@ -22,27 +33,35 @@ __all__ = ['METRIC_COLORS', 'POOLED', 'VARIANT_LABELS', 'RESULT_COLUMNS', 'FIGUR
 
 # %% ../../nbs/06_plots.ipynb #63f9410b
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
+
+
 def plan_info(plan: str) -> GraftPlan | None:
     "The catalogue plan of that name (`paper_plans()`, or a grid name like `graft:LT@layer_3`), or None if unknown."
     return paper_plans().get(plan) or parse_method_plan(plan)
+
 
 def _infos(plans: pd.Series) -> pd.Series:
     "The catalogue plan of each row's plan name (the catalogue built once, not once per row)."
     catalog = paper_plans()
     return plans.map({p: catalog.get(p) or parse_method_plan(p) for p in plans.unique()})
 
+
 def component_label(components: str) -> str:
     "A readable component set: `o+ffn` -> `O+FFN`."
     return "+".join({"attn": "attn", "ffn": "FFN"}.get(c, c.upper()) for c in components.split("+"))
 
+
 def layer_label(group: str) -> str:
     "A readable layer group: `last_half` -> `last half of layers`, `first_quarter` -> `1st quarter`."
-    if group == "all": return "all layers"
+    if group == "all":
+        return "all layers"
     first, _, part = group.partition("_")
-    if part == "quarter" and first in _ORDINAL_LABELS: return f"{_ORDINAL_LABELS[first]} quarter"
+    if part == "quarter" and first in _ORDINAL_LABELS:
+        return f"{_ORDINAL_LABELS[first]} quarter"
     return f"{group.replace('_', ' ')} of layers"
 
-@functools.cache   # axis labels map every row of a table: each name is worked out once
+
+@functools.cache  # axis labels map every row of a table: each name is worked out once
 def plan_label(plan: str) -> str:
     "A readable plan name for axis labels."
     return info.display if (info := plan_info(plan)) else plan
@@ -53,6 +72,7 @@ def metric_names(k=5, exact_match: bool = True) -> list[str]:
     ks = sorted({1, *([k] if np.isscalar(k) else k)})
     return [f"top-{int(x)}" for x in ks] + (["exact match"] if exact_match else [])
 
+
 def _metric_columns(df: pd.DataFrame, k) -> pd.DataFrame:
     "One 0/1 column per metric (NaN where a row has no value)."
     rank = pd.to_numeric(df["rank"], errors="coerce") if "rank" in df else pd.Series(np.nan, index=df.index)
@@ -61,24 +81,37 @@ def _metric_columns(df: pd.DataFrame, k) -> pd.DataFrame:
         out["exact match"] = df["exact_match"].map({True: 1.0, False: 0.0, 1: 1.0, 0: 0.0}).astype(float)
     return pd.DataFrame(out, index=df.index)
 
+
 def bootstrap_interval(values, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     "Percentile bootstrap interval of the mean of `values` (one value per fact), seeded."
     v = np.asarray(values, dtype=float)
-    if len(v) == 0: return (np.nan, np.nan)
-    if len(v) == 1 or n_boot <= 0: return (float(v.mean()), float(v.mean()))
+    if len(v) == 0:
+        return (np.nan, np.nan)
+    if len(v) == 1 or n_boot <= 0:
+        return (float(v.mean()), float(v.mean()))
     idx = np.random.default_rng(seed).integers(0, len(v), size=(n_boot, len(v)))
     lo, hi = np.quantile(v[idx].mean(axis=1), [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
 # %% ../../nbs/06_plots.ipynb #72728c9b
-def accuracy_table(df: pd.DataFrame, k=5, by=("model", "dataset", "plan", "template"), n_boot: int = 1000,
-                   seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+def accuracy_table(
+    df: pd.DataFrame,
+    k=5,
+    by=("model", "dataset", "plan", "template"),
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> pd.DataFrame:
     "Accuracy per `by` group and metric (top-1, top-k, exact match) with a bootstrap interval over facts (long format)."
     by = list(by)
     missing = [c for c in ["plan", "fact_id", *by] if c not in df]
-    if missing: raise ValueError(f"Results table lacks column(s) {missing}; it has {list(df.columns)}. "
-                                 "Pass `by=` with columns it has, or add them (e.g. df['model'] = 'name').")
-    if df.empty: raise ValueError("Results table is empty: nothing to compute accuracy from.")
+    if missing:
+        raise ValueError(
+            f"Results table lacks column(s) {missing}; it has {list(df.columns)}. "
+            "Pass `by=` with columns it has, or add them (e.g. df['model'] = 'name')."
+        )
+    if df.empty:
+        raise ValueError("Results table is empty: nothing to compute accuracy from.")
     df = df.reset_index(drop=True)  # concatenated tables repeat index labels
     skipped = df["skipped"].fillna(False).astype(bool) if "skipped" in df else pd.Series(False, index=df.index)
     metrics = _metric_columns(df, k)
@@ -88,50 +121,77 @@ def accuracy_table(df: pd.DataFrame, k=5, by=("model", "dataset", "plan", "templ
     counts = counts.groupby(by, dropna=False, sort=False).sum()
     ok = keys[~skipped].join(df.loc[~skipped, ["fact_id"]]).join(metrics.loc[~skipped, names])
     per_fact = ok.groupby(by + ["fact_id"], dropna=False, sort=False)[names].mean()
-    rows, levels = [], list(range(len(by)))   # each group's facts, split once below (not looked up group by group)
-    groups = {k if isinstance(k, tuple) else (k,): g.droplevel(levels)
-              for k, g in per_fact.groupby(level=levels, dropna=False, sort=False)} if len(per_fact) else {}
+    rows, levels = [], list(range(len(by)))  # each group's facts, split once below (not looked up group by group)
+    groups = (
+        {
+            k if isinstance(k, tuple) else (k,): g.droplevel(levels)
+            for k, g in per_fact.groupby(level=levels, dropna=False, sort=False)
+        }
+        if len(per_fact)
+        else {}
+    )
     for key, n in counts.iterrows():
         key = key if isinstance(key, tuple) else (key,)
         grp, facts = dict(zip(by, key)), groups.get(key, per_fact.iloc[:0])
         for m in names:
             vals = facts[m].dropna().to_numpy() if m in facts else np.array([])
-            if not len(vals) and m != names[0]: continue
+            if not len(vals) and m != names[0]:
+                continue
             lo, hi = bootstrap_interval(vals, n_boot, seed, level)
-            rows.append(dict(grp, metric=m, accuracy=float(vals.mean()) if len(vals) else np.nan, lo=lo, hi=hi,
-                             n_facts=len(vals), n=int(n["n"]), n_skipped=int(n["n_skipped"])))
+            rows.append(
+                dict(
+                    grp,
+                    metric=m,
+                    accuracy=float(vals.mean()) if len(vals) else np.nan,
+                    lo=lo,
+                    hi=hi,
+                    n_facts=len(vals),
+                    n=int(n["n"]),
+                    n_skipped=int(n["n_skipped"]),
+                )
+            )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/06_plots.ipynb #460044aa
-@functools.cache   # run labels map every result row
+@functools.cache  # run labels map every result row
 def short_label(name, width: int = 40) -> str:
     "A short run label part: the last path component of a model or dataset path, at most `width` characters."
     s = str(name).strip().splitlines()[0] if name is not None and name == name and str(name).strip() else "unknown"
     s = Path(s.rstrip("/")).name or s
-    return s if len(s) <= width else s[:width - 1] + "…"
+    return s if len(s) <= width else s[: width - 1] + "…"
+
 
 def summary_table(acc: pd.DataFrame, plans=None, digits: int = 2) -> pd.DataFrame:
     "Wide table: a row per (model, dataset, [run_id,] [template,] plan), a column per metric as `acc [lo, hi]`, plus facts."
     a = acc if plans is None else acc[acc.plan.isin(plans)]
     keys = [c for c in ["model", "dataset", "run_id", "template"] if c in a]
-    if "run_id" in keys and a.groupby(["model", "dataset"], dropna=False)["run_id"].nunique().max() <= 1: keys.remove("run_id")
+    if "run_id" in keys and a.groupby(["model", "dataset"], dropna=False)["run_id"].nunique().max() <= 1:
+        keys.remove("run_id")
     order = list(plans) if plans is not None else list(dict.fromkeys(a.plan))
-    a = a.assign(_o=a.plan.map({p: i for i, p in enumerate(order)}),
-                 value=[f"{r.accuracy:.{digits}f} [{r.lo:.{digits}f}, {r.hi:.{digits}f}]" if r.accuracy == r.accuracy
-                        else "n/a" for r in a.itertuples()])
+    a = a.assign(
+        _o=a.plan.map({p: i for i, p in enumerate(order)}),
+        value=[
+            f"{r.accuracy:.{digits}f} [{r.lo:.{digits}f}, {r.hi:.{digits}f}]" if r.accuracy == r.accuracy else "n/a"
+            for r in a.itertuples()
+        ],
+    )
     wide = a.pivot_table(index=keys + ["_o", "plan"], columns="metric", values="value", aggfunc="first", sort=False)
     wide = wide[[m for m in a.metric.unique()]]
     wide["facts"] = a.groupby(keys + ["_o", "plan"], sort=False)["n_facts"].max()
     wide["skipped"] = a.groupby(keys + ["_o", "plan"], sort=False)["n_skipped"].max()
     wide = wide.reset_index().sort_values(keys + ["_o"], kind="stable").drop(columns="_o")
     for c in ["model", "dataset"]:
-        if c in wide: wide[c] = wide[c].map(short_label)
+        if c in wide:
+            wide[c] = wide[c].map(short_label)
     wide.columns.name = None
     return wide.reset_index(drop=True)
 
+
 def markdown_table(df: pd.DataFrame) -> str:
     "A pandas table as a GitHub markdown table."
-    cells = [[str(c) for c in df.columns]] + [["" if v is None else str(v) for v in r] for r in df.itertuples(index=False)]
+    cells = [[str(c) for c in df.columns]] + [
+        ["" if v is None else str(v) for v in r] for r in df.itertuples(index=False)
+    ]
     esc = lambda s: s.replace("|", "\\|")
     lines = ["| " + " | ".join(esc(c) for c in cells[0]) + " |", "|" + "---|" * len(df.columns)]
     return "\n".join(lines + ["| " + " | ".join(esc(c) for c in r) + " |" for r in cells[1:]]) + "\n"
@@ -141,14 +201,17 @@ METRIC_COLORS = {"top-1": "#1f4e79", "exact match": "#e08214"}
 _EXTRA_COLORS = ["#6baed6", "#9ecae1", "#c6dbef"]
 POOLED = "all prompts"
 
+
 def _metric_scale(metrics) -> alt.Scale:
     "The same colour for the same metric in every figure (top-1 dark blue, top-k lighter, exact match orange)."
     extra = iter(_EXTRA_COLORS)
     return alt.Scale(domain=list(metrics), range=[METRIC_COLORS.get(m) or next(extra, "#bbbbbb") for m in metrics])
 
+
 def run_keys(df: pd.DataFrame) -> list[str]:
     "The columns that identify a run: model, dataset, and `run_id` when the table has one."
     return ["model", "dataset"] + (["run_id"] if "run_id" in df and df["run_id"].notna().any() else [])
+
 
 def label_runs(df: pd.DataFrame) -> pd.DataFrame:
     "Add `model`/`dataset` if absent, and a `run` label for titles: `model · dataset` (`· run_id` if that is ambiguous)."
@@ -161,59 +224,110 @@ def label_runs(df: pd.DataFrame) -> pd.DataFrame:
         df.loc[many, "run"] = df.loc[many, "run"] + " · " + df.loc[many, "run_id"].map(short_label)
     return df
 
+
 def _accuracy(df: pd.DataFrame, plans, k, templates: str, n_boot: int, seed: int) -> pd.DataFrame:
     "Accuracy rows of `plans` (pooled over templates or per template), with a `run` label; an accuracy table passes through."
     if templates not in ("facet", "select", "pool"):
         raise ValueError(f"templates={templates!r}: use 'facet' (a panel per prompt), 'select' (drop-down) or 'pool'.")
     df = df[df["plan"].isin(plans)]
     if "accuracy" not in df:
-        if "template" not in df: df = df.assign(template=POOLED)
+        if "template" not in df:
+            df = df.assign(template=POOLED)
         by = run_keys(df) + ["plan"] + ([] if templates == "pool" else ["template"])
         df = accuracy_table(label_runs(df).drop(columns="run"), k, by, n_boot, seed) if len(df) else pd.DataFrame()
     elif templates == "pool" and "template" in df and df.template.nunique() > 1:
-        raise ValueError("templates='pool' with a per-template accuracy table: pass the raw results or an accuracy "
-                         "table computed with `by` without 'template'.")
-    if df.empty: return df
-    if templates == "pool" or "template" not in df: df = df.assign(template=POOLED)
+        raise ValueError(
+            "templates='pool' with a per-template accuracy table: pass the raw results or an accuracy "
+            "table computed with `by` without 'template'."
+        )
+    if df.empty:
+        return df
+    if templates == "pool" or "template" not in df:
+        df = df.assign(template=POOLED)
     return label_runs(df).dropna(subset=["accuracy"])
+
 
 def _need(acc: pd.DataFrame, what: str, plans):
     "Raise a clear error when a figure has no rows."
-    if acc.empty: raise ValueError(f"No results for the {what} figure: none of the plans {list(plans)} is in the table.")
+    if acc.empty:
+        raise ValueError(f"No results for the {what} figure: none of the plans {list(plans)} is in the table.")
+
 
 def _template_param(acc: pd.DataFrame) -> alt.Parameter:
     "A drop-down over the evaluation prompts (for `templates='select'`)."
     opts = sorted(acc.template.unique())
     return alt.param(name="prompt", value=opts[0], bind=alt.binding_select(options=opts, name="evaluation prompt "))
 
+
 def _with_plans(acc: pd.DataFrame, plans, refs=(), own=None) -> pd.DataFrame:
     "Only the runs and prompts with one of `own` (default: `plans` but `refs`): references alone get no chart or panel."
-    if acc.empty: return acc
-    own, by = own or [p for p in plans if p not in set(refs)] or list(plans), [c for c in ("run", "template") if c in acc]
-    return label_runs(acc[acc.groupby(by)["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run"))
+    if acc.empty:
+        return acc
+    own, by = (
+        own or [p for p in plans if p not in set(refs)] or list(plans),
+        [c for c in ("run", "template") if c in acc],
+    )
+    return label_runs(
+        acc[acc.groupby(by)["plan"].transform(lambda p: p.isin(own).any()).astype(bool)].drop(columns="run")
+    )
+
 
 def stacked_by_run(acc: pd.DataFrame, make, title: str, subtitle=None, param=None):
     "One chart per run (from `make(run_acc, run_label)`), stacked, each laying out its own categories, with a title."
     runs = list(dict.fromkeys(acc.run))
     charts = [make(acc[acc.run == r], r) for r in runs]
-    chart = charts[0] if len(charts) == 1 else alt.vconcat(*charts, spacing=30).resolve_scale(x="independent", xOffset="independent")
-    if callable(subtitle): subtitle = subtitle(acc[acc.run == runs[0]]) if len(runs) == 1 else None
-    if len(charts) == 1: chart = chart.properties(title=alt.Title(f"{title} — {runs[0]}", subtitle=subtitle or ""))
-    else: chart = chart.properties(title=alt.Title(title, subtitle=subtitle or "", anchor="start", fontSize=15))
-    if param is not None: chart = chart.add_params(param)
-    return chart.configure_axis(labelFontSize=11, titleFontSize=12).configure_header(labelFontSize=12, titleFontSize=12) \
-                .configure_legend(labelFontSize=11, titleFontSize=11).configure_title(fontSize=14, anchor="start")
+    chart = (
+        charts[0]
+        if len(charts) == 1
+        else alt.vconcat(*charts, spacing=30).resolve_scale(x="independent", xOffset="independent")
+    )
+    if callable(subtitle):
+        subtitle = subtitle(acc[acc.run == runs[0]]) if len(runs) == 1 else None
+    if len(charts) == 1:
+        chart = chart.properties(title=alt.Title(f"{title} — {runs[0]}", subtitle=subtitle or ""))
+    else:
+        chart = chart.properties(title=alt.Title(title, subtitle=subtitle or "", anchor="start", fontSize=15))
+    if param is not None:
+        chart = chart.add_params(param)
+    return (
+        chart.configure_axis(labelFontSize=11, titleFontSize=12)
+        .configure_header(labelFontSize=12, titleFontSize=12)
+        .configure_legend(labelFontSize=11, titleFontSize=11)
+        .configure_title(fontSize=14, anchor="start")
+    )
+
 
 def _ci_tooltip(*extra) -> list:
     "Tooltip fields shared by the bar charts."
-    return [*extra, alt.Tooltip("metric:N"), alt.Tooltip("accuracy:Q", format=".2f"), alt.Tooltip("lo:Q", format=".2f"),
-            alt.Tooltip("hi:Q", format=".2f"), alt.Tooltip("n_facts:Q", title="facts"), alt.Tooltip("template:N")]
+    return [
+        *extra,
+        alt.Tooltip("metric:N"),
+        alt.Tooltip("accuracy:Q", format=".2f"),
+        alt.Tooltip("lo:Q", format=".2f"),
+        alt.Tooltip("hi:Q", format=".2f"),
+        alt.Tooltip("n_facts:Q", title="facts"),
+        alt.Tooltip("template:N"),
+    ]
+
 
 _Y = dict(scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%", tickCount=5, title="accuracy"))
 
 # %% ../../nbs/06_plots.ipynb #40dd8921
-def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, templates: str = "facet",
-              title: str = "", subtitle=None, n_boot: int = 1000, seed: int = 0, columns: int | None = None, what: str = "plan", own=None):
+def plan_bars(
+    df: pd.DataFrame,
+    plans,
+    refs=("PRE", "SFT"),
+    metrics=None,
+    k=5,
+    templates: str = "facet",
+    title: str = "",
+    subtitle=None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    columns: int | None = None,
+    what: str = "plan",
+    own=None,
+):
     "Bars of accuracy per plan (ordered as `plans`) and metric, bootstrap error bars, rules at the `refs` plans."
     acc = _with_plans(_accuracy(df, list(dict.fromkeys([*plans, *refs])), k, templates, n_boot, seed), plans, refs, own)
     _need(acc, what, plans)
@@ -229,69 +343,151 @@ def plan_bars(df: pd.DataFrame, plans, refs=("PRE", "SFT"), metrics=None, k=5, t
     def make(a, run):
         base = alt.Chart() if param is None else alt.Chart().transform_filter(alt.datum.template == param)
         bars_data = base.transform_filter(alt.FieldOneOfPredicate("label", labels))
-        bars = bars_data.mark_bar().encode(x=x, xOffset=xo, y=alt.Y("accuracy:Q", **_Y), color=color,
-                                           tooltip=_ci_tooltip(alt.Tooltip("plan:N")))
+        bars = bars_data.mark_bar().encode(
+            x=x, xOffset=xo, y=alt.Y("accuracy:Q", **_Y), color=color, tooltip=_ci_tooltip(alt.Tooltip("plan:N"))
+        )
         err = bars_data.mark_rule(color="#222", strokeWidth=1.3).encode(x=x, xOffset=xo, y="lo:Q", y2="hi:Q")
         layers = [bars, err]
         if refs:
-            layers.append(base.transform_filter(alt.FieldOneOfPredicate("plan", refs)).mark_rule(strokeWidth=1.5, opacity=.8)
-                          .encode(y="accuracy:Q", color=color,
-                                  strokeDash=alt.StrokeDash("plan:N", sort=refs, title="reference",
-                                                            scale=alt.Scale(domain=refs, range=[[2, 2], [7, 3], [1, 0]][:len(refs)])),
-                                  tooltip=_ci_tooltip(alt.Tooltip("plan:N", title="reference"))))
-        layer = alt.layer(*layers, data=a).properties(width=max(200, 30 * len(labels) * max(1, len(metrics) - 0.5)), height=200)
+            layers.append(
+                base.transform_filter(alt.FieldOneOfPredicate("plan", refs))
+                .mark_rule(strokeWidth=1.5, opacity=0.8)
+                .encode(
+                    y="accuracy:Q",
+                    color=color,
+                    strokeDash=alt.StrokeDash(
+                        "plan:N",
+                        sort=refs,
+                        title="reference",
+                        scale=alt.Scale(domain=refs, range=[[2, 2], [7, 3], [1, 0]][: len(refs)]),
+                    ),
+                    tooltip=_ci_tooltip(alt.Tooltip("plan:N", title="reference")),
+                )
+            )
+        layer = alt.layer(*layers, data=a).properties(
+            width=max(200, 30 * len(labels) * max(1, len(metrics) - 0.5)), height=200
+        )
         if templates == "facet" and (ntpl := a.template.nunique()) > 1:
             tpls = sorted(a.template.unique())
-            return layer.facet(facet=alt.Facet("template:N", sort=tpls, title=None, header=alt.Header(labelFontWeight="bold")),
-                               columns=columns or (2 if ntpl <= 4 else 3), title=run if acc.run.nunique() > 1 else "")
+            return layer.facet(
+                facet=alt.Facet("template:N", sort=tpls, title=None, header=alt.Header(labelFontWeight="bold")),
+                columns=columns or (2 if ntpl <= 4 else 3),
+                title=run if acc.run.nunique() > 1 else "",
+            )
         return layer.properties(title=run if acc.run.nunique() > 1 else "")
-    sub = subtitle or ("bars: accuracy; error bars: 95% bootstrap interval over facts"
-                       + (f"; rules: {', '.join(refs)}" if refs else ""))
+
+    sub = subtitle or (
+        "bars: accuracy; error bars: 95% bootstrap interval over facts"
+        + (f"; rules: {', '.join(refs)}" if refs else "")
+    )
     return stacked_by_run(acc, make, title, sub, param)
+
 
 def _figure_bars(df: pd.DataFrame, figure: str, metrics, k, templates, title, **kw):
     "`plan_bars` of a paper figure: its plans, its references, and the plans that bring a run into it (`figure_own`)."
-    return plan_bars(df, figure_order(figure), figure_references(figure), metrics, k, templates, title, own=figure_own(figure), **kw)
+    return plan_bars(
+        df, figure_order(figure), figure_references(figure), metrics, k, templates, title, own=figure_own(figure), **kw
+    )
 
 # %% ../../nbs/06_plots.ipynb #f3dc8bb6
-def position_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
-                   title: str = "Position grafting: fine-tuned into pretrained", **kw):
+def position_chart(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "facet",
+    n_boot: int = 1000,
+    seed: int = 0,
+    title: str = "Position grafting: fine-tuned into pretrained",
+    **kw,
+):
     "Figure 1: top-1 and top-k accuracy of PRE, SFT, FE, LT, FE+LT, (FE+LT)^C, not FE, not LT (bootstrap 95% CI)."
-    return _figure_bars(df, "positions", ["top-1", f"top-{k}"], k, templates, title, n_boot=n_boot, seed=seed, what="position-grafting", **kw)
+    return _figure_bars(
+        df,
+        "positions",
+        ["top-1", f"top-{k}"],
+        k,
+        templates,
+        title,
+        n_boot=n_boot,
+        seed=seed,
+        what="position-grafting",
+        **kw,
+    )
 
 # %% ../../nbs/06_plots.ipynb #92b78be8
-def movie_chart(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
-                title: str = "Position grafting with the movie span (M)", **kw):
+def movie_chart(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "facet",
+    n_boot: int = 1000,
+    seed: int = 0,
+    title: str = "Position grafting with the movie span (M)",
+    **kw,
+):
     "Figure 2: M, FE+M, M+LT, FE+M+LT next to FE, LT, FE+LT (top-1, top-k, bootstrap 95% CI; PRE/SFT rules)."
-    return _figure_bars(df, "movie_spans", ["top-1", f"top-{k}"], k, templates, title, n_boot=n_boot, seed=seed, what="movie-span", **kw)
+    return _figure_bars(
+        df, "movie_spans", ["top-1", f"top-{k}"], k, templates, title, n_boot=n_boot, seed=seed, what="movie-span", **kw
+    )
 
 # %% ../../nbs/06_plots.ipynb #62f3e8c7
-def generation_chart(df: pd.DataFrame, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
-                     title: str = "Whole-name generation vs first token", **kw):
+def generation_chart(
+    df: pd.DataFrame,
+    templates: str = "facet",
+    n_boot: int = 1000,
+    seed: int = 0,
+    title: str = "Whole-name generation vs first token",
+    **kw,
+):
     "Figure 5: whole-name exact match next to first-token top-1 for the position plans (bootstrap 95% CI)."
-    if "accuracy" in df: has = "exact match" in set(df.metric)
-    else: has = "exact_match" in df and df["exact_match"].notna().any()
-    if not has: raise ValueError("No whole-name generation in the results (no exact_match values): run the position "
-                                 "grafting with generate=True.")
-    return _figure_bars(df, "generation", ["top-1", "exact match"], 1, templates, title, n_boot=n_boot, seed=seed, what="generation", **kw)
+    if "accuracy" in df:
+        has = "exact match" in set(df.metric)
+    else:
+        has = "exact_match" in df and df["exact_match"].notna().any()
+    if not has:
+        raise ValueError(
+            "No whole-name generation in the results (no exact_match values): run the position "
+            "grafting with generate=True."
+        )
+    return _figure_bars(
+        df,
+        "generation",
+        ["top-1", "exact match"],
+        1,
+        templates,
+        title,
+        n_boot=n_boot,
+        seed=seed,
+        what="generation",
+        **kw,
+    )
 
 # %% ../../nbs/06_plots.ipynb #3ccede53
 VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components) + LT"}
+
 
 def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:
     "Component plans at LT with parsed columns; reference rows copied into every panel."
     info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "components" in p.figures)
-    comp = acc[keep].assign(components=info[keep].map(lambda p: p.component_set),
-                            layers=info[keep].map(lambda p: layer_label(p.layer_group)),
-                            variant=info[keep].map(lambda p: VARIANT_LABELS.get(p.variant, p.variant)))
+    comp = acc[keep].assign(
+        components=info[keep].map(lambda p: p.component_set),
+        layers=info[keep].map(lambda p: layer_label(p.layer_group)),
+        variant=info[keep].map(lambda p: VARIANT_LABELS.get(p.variant, p.variant)),
+    )
     comp = comp.assign(label=comp.components.map(component_label))
     ref = acc[acc.plan.isin(refs)].assign(label=lambda d: d.plan.map(plan_label))
     ref = pd.concat([ref.assign(variant=v) for v in comp.variant.unique()]) if len(comp) else ref.iloc[:0]
     return pd.concat([comp, ref], ignore_index=True)
 
-def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
-                    refs=None, title: str = "Component grafting at the last token: relation into task model"):
+
+def component_chart(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "pool",
+    n_boot: int = 1000,
+    seed: int = 0,
+    refs=None,
+    title: str = "Component grafting at the last token: relation into task model",
+):
     "Figure 3: accuracy of grafting each component set at LT, all vs last-half layers, with TASK/RELATION rules."
     drawn, refs = figure_plans("components"), figure_references("components") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
@@ -304,30 +500,52 @@ def component_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boo
     layers = [l for l in dict.fromkeys(layer_label(q.layer_group) for q in drawn) if l in set(acc.layers)]
     ref_labels = [plan_label(r) for r in refs if r in set(acc.plan)]
     variants = [v for v in VARIANT_LABELS.values() if v in set(acc.variant)]
-    acc = acc.assign(panel=acc.metric + (" · " + acc.template if templates == "facet" and acc.template.nunique() > 1 else ""))
+    acc = acc.assign(
+        panel=acc.metric + (" · " + acc.template if templates == "facet" and acc.template.nunique() > 1 else "")
+    )
     panels = [p for m in metrics for p in sorted(acc.panel.unique()) if p.startswith(m)]
     param = _template_param(acc) if templates == "select" else None
     x = alt.X("label:N", sort=labels, title="grafted components", axis=alt.Axis(labelAngle=0))
     xo = alt.XOffset("layers:N", sort=layers)
     palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
-    color = alt.Color("layers:N", sort=layers, title="layers", scale=alt.Scale(domain=layers, range=palette[:len(layers)]))
+    color = alt.Color(
+        "layers:N", sort=layers, title="layers", scale=alt.Scale(domain=layers, range=palette[: len(layers)])
+    )
 
     def make(a, run):
         base = alt.Chart() if param is None else alt.Chart().transform_filter(alt.datum.template == param)
         comp = base.transform_filter(alt.FieldOneOfPredicate("label", labels))
         tip = _ci_tooltip(alt.Tooltip("plan:N"))
-        layer = [comp.mark_bar().encode(x=x, xOffset=xo, y=alt.Y("accuracy:Q", **_Y), color=color, tooltip=tip),
-                 comp.mark_rule(color="#222", strokeWidth=1.3).encode(x=x, xOffset=xo, y="lo:Q", y2="hi:Q")]
+        layer = [
+            comp.mark_bar().encode(x=x, xOffset=xo, y=alt.Y("accuracy:Q", **_Y), color=color, tooltip=tip),
+            comp.mark_rule(color="#222", strokeWidth=1.3).encode(x=x, xOffset=xo, y="lo:Q", y2="hi:Q"),
+        ]
         if ref_labels:
-            dash = alt.StrokeDash("label:N", sort=ref_labels, title="reference",
-                                  scale=alt.Scale(domain=ref_labels, range=[[2, 2], [7, 3], [1, 0]][:len(ref_labels)]))
-            layer.append(base.transform_filter(alt.FieldOneOfPredicate("label", ref_labels))
-                         .mark_rule(color="#555", strokeWidth=1.5).encode(y="accuracy:Q", strokeDash=dash, tooltip=tip))
+            dash = alt.StrokeDash(
+                "label:N",
+                sort=ref_labels,
+                title="reference",
+                scale=alt.Scale(domain=ref_labels, range=[[2, 2], [7, 3], [1, 0]][: len(ref_labels)]),
+            )
+            layer.append(
+                base.transform_filter(alt.FieldOneOfPredicate("label", ref_labels))
+                .mark_rule(color="#555", strokeWidth=1.5)
+                .encode(y="accuracy:Q", strokeDash=dash, tooltip=tip)
+            )
         chart = alt.layer(*layer, data=a).properties(width=max(200, 24 * len(labels) * len(layers)), height=170)
-        column = alt.Column("variant:N", sort=variants, title=None, header=alt.Header(labelFontWeight="bold", labelFontSize=13)) \
-                 if len(variants) > 1 else alt.Undefined
-        return chart.facet(row=alt.Row("panel:N", sort=panels, title=None, header=alt.Header(labelFontWeight="bold")),
-                           column=column, title=run if acc.run.nunique() > 1 else "")
+        column = (
+            alt.Column(
+                "variant:N", sort=variants, title=None, header=alt.Header(labelFontWeight="bold", labelFontSize=13)
+            )
+            if len(variants) > 1
+            else alt.Undefined
+        )
+        return chart.facet(
+            row=alt.Row("panel:N", sort=panels, title=None, header=alt.Header(labelFontWeight="bold")),
+            column=column,
+            title=run if acc.run.nunique() > 1 else "",
+        )
+
     sub = "bars: accuracy (95% bootstrap interval over facts); rules: " + ", ".join(ref_labels or ["none"])
     return stacked_by_run(acc, make, title, sub, param)
 
@@ -336,9 +554,12 @@ def _depth_rows(acc: pd.DataFrame) -> pd.DataFrame:
     "Rows of the plans figure 4 draws (`graft-attn:FE@first_quarter` ...) with parsed columns."
     info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "depth" in p.figures)
-    return acc[keep].assign(position=info[keep].map(lambda p: f"graft at {p.position}"),
-                            group=info[keep].map(lambda p: component_label(p.component_set)),
-                            quarter=info[keep].map(lambda p: layer_label(p.layer_group)))
+    return acc[keep].assign(
+        position=info[keep].map(lambda p: f"graft at {p.position}"),
+        group=info[keep].map(lambda p: component_label(p.component_set)),
+        quarter=info[keep].map(lambda p: layer_label(p.layer_group)),
+    )
+
 
 def _ref_text(acc: pd.DataFrame, refs, metrics) -> str:
     "`PRE top-1 0.02, top-5 0.10 · SFT ...` for a subtitle."
@@ -346,11 +567,20 @@ def _ref_text(acc: pd.DataFrame, refs, metrics) -> str:
     for r in refs:
         a = acc[(acc.plan == r) & (acc.template == acc.template.iloc[0])] if len(acc) else acc
         vals = [f"{m} {a[a.metric == m].accuracy.iloc[0]:.2f}" for m in metrics if (a.metric == m).any()]
-        if vals: parts.append(f"{plan_label(r)} " + ", ".join(vals))
+        if vals:
+            parts.append(f"{plan_label(r)} " + ", ".join(vals))
     return " · ".join(parts)
 
-def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
-                  refs=None, title: str = "Where in depth: one layer quarter × component group"):
+
+def depth_heatmap(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "pool",
+    n_boot: int = 1000,
+    seed: int = 0,
+    refs=None,
+    title: str = "Where in depth: one layer quarter × component group",
+):
     "Figure 4: heatmap of accuracy grafting each layer quarter (rows) x component group (columns) at FE and at LT."
     drawn, refs = figure_plans("depth"), figure_references("depth") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
@@ -362,31 +592,60 @@ def depth_heatmap(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     groups = [g for g in dict.fromkeys([*map(component_label, DEPTH_GROUPS), *heat.group]) if g in set(heat.group)]
     quarters = list(dict.fromkeys(layer_label(q.layer_group) for q in drawn))
     positions = [p for p in dict.fromkeys(f"graft at {q.position}" for q in drawn) if p in set(heat.position)]
-    heat = heat.assign(panel=heat.metric + (" · " + heat.template if templates == "facet" and heat.template.nunique() > 1 else ""))
+    heat = heat.assign(
+        panel=heat.metric + (" · " + heat.template if templates == "facet" and heat.template.nunique() > 1 else "")
+    )
     panels = [p for m in metrics for p in sorted(heat.panel.unique()) if p.startswith(m)]
     param = _template_param(heat) if templates == "select" else None
-    enc = dict(x=alt.X("group:N", sort=groups, title="component group", axis=alt.Axis(labelAngle=0, orient="top")),
-               y=alt.Y("quarter:N", sort=quarters, title="layers (input → output)"))
+    enc = dict(
+        x=alt.X("group:N", sort=groups, title="component group", axis=alt.Axis(labelAngle=0, orient="top")),
+        y=alt.Y("quarter:N", sort=quarters, title="layers (input → output)"),
+    )
 
     def make(a, run):
         base = alt.Chart() if param is None else alt.Chart().transform_filter(alt.datum.template == param)
-        rect = base.mark_rect(stroke="white").encode(**enc, color=alt.Color("accuracy:Q", scale=alt.Scale(domain=[0, 1], scheme="blues"),
-                                                     legend=alt.Legend(format="%", title="accuracy")),
-                                                     tooltip=_ci_tooltip(alt.Tooltip("plan:N")))
-        text = base.mark_text(fontSize=12).encode(**enc, text=alt.Text("accuracy:Q", format=".2f"),
-                                                  color=alt.condition(alt.datum.accuracy > .55, alt.value("white"), alt.value("black")))
+        rect = base.mark_rect(stroke="white").encode(
+            **enc,
+            color=alt.Color(
+                "accuracy:Q",
+                scale=alt.Scale(domain=[0, 1], scheme="blues"),
+                legend=alt.Legend(format="%", title="accuracy"),
+            ),
+            tooltip=_ci_tooltip(alt.Tooltip("plan:N")),
+        )
+        text = base.mark_text(fontSize=12).encode(
+            **enc,
+            text=alt.Text("accuracy:Q", format=".2f"),
+            color=alt.condition(alt.datum.accuracy > 0.55, alt.value("white"), alt.value("black")),
+        )
         chart = alt.layer(rect, text, data=a).properties(width=60 * len(groups), height=4 * 34)
-        row = alt.Row("panel:N", sort=panels, title=None, header=alt.Header(labelFontWeight="bold")) if len(panels) > 1 else alt.Undefined
+        row = (
+            alt.Row("panel:N", sort=panels, title=None, header=alt.Header(labelFontWeight="bold"))
+            if len(panels) > 1
+            else alt.Undefined
+        )
         head = _ref_text(acc[acc.run == run], refs, metrics) if acc.run.nunique() > 1 else ""
-        return chart.facet(column=alt.Column("position:N", sort=positions, title=None,
-                                             header=alt.Header(labelFontWeight="bold", labelFontSize=13)),
-                           row=row, title=alt.Title(run, subtitle=head) if head else "")
+        return chart.facet(
+            column=alt.Column(
+                "position:N", sort=positions, title=None, header=alt.Header(labelFontWeight="bold", labelFontSize=13)
+            ),
+            row=row,
+            title=alt.Title(run, subtitle=head) if head else "",
+        )
+
     refs_of = lambda a: "references: " + (_ref_text(acc[acc.run.isin(a.run)], refs, metrics) or "none")
     return stacked_by_run(heat, make, title, refs_of, param)
 
 # %% ../../nbs/06_plots.ipynb #6eac64da
-def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot: int = 1000, seed: int = 0,
-                  refs=None, title: str = "Grafting vs activation patching, one layer quarter at a time"):
+def methods_chart(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "pool",
+    n_boot: int = 1000,
+    seed: int = 0,
+    refs=None,
+    title: str = "Grafting vs activation patching, one layer quarter at a time",
+):
     "Accuracy per layer quarter (x), a line per position, a panel per method; PRE and SFT in the subtitle."
     drawn, refs = figure_plans("methods"), figure_references("methods") if refs is None else refs
     plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
@@ -396,24 +655,37 @@ def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
     acc = acc[acc.metric.isin(metrics)]
     info = _infos(acc.plan)
     keep = info.map(lambda p: p is not None and "methods" in p.figures)
-    rows = acc[keep].assign(method=info[keep].map(lambda p: p.variant),
-                            position=info[keep].map(lambda p: plan_label(p.position)),
-                            layers=info[keep].map(lambda p: layer_label(p.layer_group)))
+    rows = acc[keep].assign(
+        method=info[keep].map(lambda p: p.variant),
+        position=info[keep].map(lambda p: plan_label(p.position)),
+        layers=info[keep].map(lambda p: layer_label(p.layer_group)),
+    )
     order = lambda values: list(dict.fromkeys(values))
     methods = [m for m in order(q.variant for q in drawn) if m in set(rows.method)]
     positions = order(plan_label(q.position) for q in drawn)
-    x = alt.X("layers:N", sort=order(layer_label(q.layer_group) for q in drawn), title="layers (input → output)",
-              axis=alt.Axis(labelAngle=-30))
+    x = alt.X(
+        "layers:N",
+        sort=order(layer_label(q.layer_group) for q in drawn),
+        title="layers (input → output)",
+        axis=alt.Axis(labelAngle=-30),
+    )
     color = alt.Color("position:N", sort=positions, title="positions")
 
     def make(a, run):
-        line = alt.Chart().mark_line(point=True).encode(x=x, y=alt.Y("accuracy:Q", **_Y), color=color,
-                                                        tooltip=_ci_tooltip(alt.Tooltip("plan:N")))
-        bars = alt.Chart().mark_rule(opacity=.5).encode(x=x, y="lo:Q", y2="hi:Q", color=color)
+        line = (
+            alt.Chart()
+            .mark_line(point=True)
+            .encode(x=x, y=alt.Y("accuracy:Q", **_Y), color=color, tooltip=_ci_tooltip(alt.Tooltip("plan:N")))
+        )
+        bars = alt.Chart().mark_rule(opacity=0.5).encode(x=x, y="lo:Q", y2="hi:Q", color=color)
         chart = alt.layer(line, bars, data=a).properties(width=150, height=150)
         column = alt.Column("method:N", sort=methods, title=None, header=alt.Header(labelFontWeight="bold"))
-        return chart.facet(column=column, row=alt.Row("metric:N", sort=metrics, title=None),
-                           title=run if rows.run.nunique() > 1 else "")
+        return chart.facet(
+            column=column,
+            row=alt.Row("metric:N", sort=metrics, title=None),
+            title=run if rows.run.nunique() > 1 else "",
+        )
+
     refs_of = lambda a: "references: " + (_ref_text(acc[acc.run.isin(a.run)], refs, metrics) or "none")
     return stacked_by_run(rows, make, title, refs_of)
 
@@ -421,33 +693,63 @@ def methods_chart(df: pd.DataFrame, k: int = 5, templates: str = "pool", n_boot:
 def _rendered(spec: dict, fmt: str, scale_factor: float = 1.0) -> bytes:
     "A Vega-Lite `spec` as the bytes of a `fmt` file, rendered offline by vl-convert (HTML with the JavaScript inlined)."
     import vl_convert as vlc
-    vl = "v" + "_".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])   # the Vega-Lite version altair writes
-    if fmt == "png": return vlc.vegalite_to_png(spec, vl_version=vl, scale=scale_factor)
-    if fmt == "svg": return vlc.vegalite_to_svg(spec, vl_version=vl).encode()
-    if fmt == "html": return vlc.vegalite_to_html(spec, vl_version=vl, bundle=True).encode()
+
+    vl = "v" + "_".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])  # the Vega-Lite version altair writes
+    if fmt == "png":
+        return vlc.vegalite_to_png(spec, vl_version=vl, scale=scale_factor)
+    if fmt == "svg":
+        return vlc.vegalite_to_svg(spec, vl_version=vl).encode()
+    if fmt == "html":
+        return vlc.vegalite_to_html(spec, vl_version=vl, bundle=True).encode()
     return json.dumps(spec, indent=2).encode()
+
 
 def save_chart(chart, path_stem, formats=("png", "svg", "html"), scale_factor: float = 1.0) -> dict[str, Path]:
     "Write `chart` as `path_stem.png/.svg/.html/.json` (HTML with inlined JS), each atomically; returns the paths."
     bad = [f for f in formats if f not in ("png", "svg", "html", "json")]
-    if bad: raise ValueError(f"Unknown format {bad[0]!r}: use png, svg, html or json.")
-    with alt.data_transformers.disable_max_rows(): spec = chart.to_dict()   # checked once, then drawn in each format
+    if bad:
+        raise ValueError(f"Unknown format {bad[0]!r}: use png, svg, html or json.")
+    with alt.data_transformers.disable_max_rows():
+        spec = chart.to_dict()  # checked once, then drawn in each format
     return {fmt: atomic_write(Path(f"{path_stem}.{fmt}"), _rendered(spec, fmt, scale_factor)) for fmt in formats}
 
 # %% ../../nbs/06_plots.ipynb #cb60b9de
-RESULT_COLUMNS = ["plan", "fact_id", "template", "rank", "prob", "logprob", "skipped", "skip_reason", "exact_match", "model",
-                  "dataset", "experiment", "run_id", "filling", "direction"]
+RESULT_COLUMNS = [
+    "plan",
+    "fact_id",
+    "template",
+    "rank",
+    "prob",
+    "logprob",
+    "skipped",
+    "skip_reason",
+    "exact_match",
+    "model",
+    "dataset",
+    "experiment",
+    "run_id",
+    "filling",
+    "direction",
+]
+
 
 def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
     "Rows of finished runs (`**/results.jsonl` next to `run.json`) under `runs_dir`; `include`: run id patterns."
     root = Path(runs_dir)
     files = sorted(root.glob("**/results.jsonl")) if root.is_dir() else []
     rid = lambda f: str(f.parent.relative_to(root)) if f.parent != root else root.name
-    if include: files = [f for f in files if any(fnmatch(rid(f), pat) for pat in ([include] if isinstance(include, str) else include))]
+    if include:
+        files = [
+            f
+            for f in files
+            if any(fnmatch(rid(f), pat) for pat in ([include] if isinstance(include, str) else include))
+        ]
     state = {f: run_integrity(f.parent) for f in files}
     if corrupt := [str(f.parent) for f, s in state.items() if s == "corrupt"]:
-        raise ValueError(f"Run(s) {', '.join(corrupt)} finished, but their outputs no longer match their run.json "
-                         "(truncated or edited since): rerun them (`./run_all.sh` redoes corrupt runs).")
+        raise ValueError(
+            f"Run(s) {', '.join(corrupt)} finished, but their outputs no longer match their run.json "
+            "(truncated or edited since): rerun them (`./run_all.sh` redoes corrupt runs)."
+        )
     done = [f for f in files if state[f] == "ok"]
     frames = []
     for f in done:
@@ -459,53 +761,91 @@ def load_runs(runs_dir, include=None, columns=RESULT_COLUMNS) -> pd.DataFrame:
     return out
 
 # %% ../../nbs/06_plots.ipynb #12b03db3
-FIGURES = {"positions": position_chart, "movie_spans": movie_chart, "components": component_chart,
-           "depth": depth_heatmap, "generation": generation_chart, "methods": methods_chart}
+FIGURES = {
+    "positions": position_chart,
+    "movie_spans": movie_chart,
+    "components": component_chart,
+    "depth": depth_heatmap,
+    "generation": generation_chart,
+    "methods": methods_chart,
+}
+
 
 def paper_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
     "Accuracy tables: `per_prompt` (by run keys, plan, template) and `pooled` (prompts pooled); run keys: `run_keys`."
     d = label_runs(df).drop(columns="run")
-    if "template" not in d: d["template"] = POOLED
-    return dict(per_prompt=accuracy_table(d, k, run_keys(d) + ["plan", "template"], n_boot, seed),
-                pooled=accuracy_table(d, k, run_keys(d) + ["plan"], n_boot, seed))
+    if "template" not in d:
+        d["template"] = POOLED
+    return dict(
+        per_prompt=accuracy_table(d, k, run_keys(d) + ["plan", "template"], n_boot, seed),
+        pooled=accuracy_table(d, k, run_keys(d) + ["plan"], n_boot, seed),
+    )
 
-def paper_figures(df: pd.DataFrame, k: int = 5, templates: str = "facet", n_boot: int = 1000, seed: int = 0,
-                  title_prefix: str = "", tables: dict | None = None, verbose: bool = True) -> dict:
+
+def paper_figures(
+    df: pd.DataFrame,
+    k: int = 5,
+    templates: str = "facet",
+    n_boot: int = 1000,
+    seed: int = 0,
+    title_prefix: str = "",
+    tables: dict | None = None,
+    verbose: bool = True,
+) -> dict:
     "Every figure the results table has data for, by name; figures without data are left out (and said so)."
     tables = tables or paper_tables(df, k, n_boot, seed)
-    jobs = [(name, fn, templates if fn in (position_chart, movie_chart, generation_chart) else "pool")
-            for name, fn in FIGURES.items()]
+    jobs = [
+        (name, fn, templates if fn in (position_chart, movie_chart, generation_chart) else "pool")
+        for name, fn in FIGURES.items()
+    ]
     if templates != "pool" and tables["per_prompt"].template.nunique() > 1:
         jobs.insert(1, ("positions_all_prompts", position_chart, "pool"))
     out = {}
     for name, fn, tpl in jobs:
         kw = dict(templates=tpl, n_boot=n_boot, seed=seed)
-        if "k" in inspect.signature(fn).parameters: kw["k"] = k
+        if "k" in inspect.signature(fn).parameters:
+            kw["k"] = k
         title = title_prefix + inspect.signature(fn).parameters["title"].default
-        if tpl == "pool" and fn is position_chart and name != "positions": title += " (all prompts)"
-        try: out[name] = fn(tables["pooled" if tpl == "pool" else "per_prompt"], title=title, **kw)
+        if tpl == "pool" and fn is position_chart and name != "positions":
+            title += " (all prompts)"
+        try:
+            out[name] = fn(tables["pooled" if tpl == "pool" else "per_prompt"], title=title, **kw)
         except ValueError as e:
-            if verbose: print(f"{name}: no figure ({e})")
+            if verbose:
+                print(f"{name}: no figure ({e})")
     return out
+
 
 def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
     "The tables behind figures 1 (position plans) and 3 (component plans at LT), prompts pooled, in wide form."
     acc = df if "accuracy" in df else paper_tables(df, k, n_boot, seed)["pooled"]
     if "template" in acc and acc.template.nunique() > 1:
         raise ValueError("report_tables wants prompts pooled: pass raw results or paper_tables(...)['pooled'].")
-    comp = [*(refs := figure_references("components"))[:2], *figure_order("components"), *refs[2:]]   # as figure 3
+    comp = [*(refs := figure_references("components"))[:2], *figure_order("components"), *refs[2:]]  # as figure 3
     out = {}
-    for name, plans, held in [("positions", figure_order("positions"), figure_references("positions")), ("components", comp, refs)]:
-        a = acc[acc.plan.isin(plans)]   # the runs that have the table's own plans (another stage's PRE/SFT is not one)
+    for name, plans, held in [
+        ("positions", figure_order("positions"), figure_references("positions")),
+        ("components", comp, refs),
+    ]:
+        a = acc[acc.plan.isin(plans)]  # the runs that have the table's own plans (another stage's PRE/SFT is not one)
         a = _with_plans(label_runs(a), plans, held).drop(columns="run") if len(a) else a
-        if len(a): out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
+        if len(a):
+            out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out
 
 # %% ../../nbs/06_plots.ipynb #b7d3e002
 def overview_chart(pooled: pd.DataFrame, k: int = 5, title: str = "Overview: data settings x plans") -> alt.Chart:
     "Top-1 and top-k of each plan of figures 1 and 3 (columns) for each model and dataset (rows); several datasets only."
-    order = list(dict.fromkeys([*figure_references("positions"), *figure_order("positions"),
-                                *figure_references("components"), *figure_order("components")]))
+    order = list(
+        dict.fromkeys(
+            [
+                *figure_references("positions"),
+                *figure_order("positions"),
+                *figure_references("components"),
+                *figure_order("components"),
+            ]
+        )
+    )
     ov = pooled[pooled.plan.isin(order) & pooled.metric.isin(["top-1", f"top-{k}"])].copy()
     if ov.empty or ov[["model", "dataset"]].drop_duplicates().shape[0] < 2:
         raise ValueError("The overview needs results of at least two datasets (or models) with figure 1 or 3 plans.")
@@ -513,8 +853,12 @@ def overview_chart(pooled: pd.DataFrame, k: int = 5, title: str = "Overview: dat
     ov["plan_label"] = ov["plan"].map(plan_label)
     x = alt.X("plan_label:N", sort=[plan_label(p) for p in order if p in set(ov.plan)], title=None)
     base = alt.Chart().encode(x=x, y=alt.Y("setting:N", title=None))
-    rect = base.mark_rect().encode(color=alt.Color("accuracy:Q", scale=alt.Scale(domain=[0, 1], scheme="blues")),
-                                   tooltip=["setting", "plan", "metric", alt.Tooltip("accuracy:Q", format=".2f")])
-    text = base.mark_text(fontSize=9).encode(text=alt.Text("accuracy:Q", format=".2f"),
-                                             color=alt.condition("datum.accuracy > 0.6", alt.value("white"), alt.value("black")))
+    rect = base.mark_rect().encode(
+        color=alt.Color("accuracy:Q", scale=alt.Scale(domain=[0, 1], scheme="blues")),
+        tooltip=["setting", "plan", "metric", alt.Tooltip("accuracy:Q", format=".2f")],
+    )
+    text = base.mark_text(fontSize=9).encode(
+        text=alt.Text("accuracy:Q", format=".2f"),
+        color=alt.condition("datum.accuracy > 0.6", alt.value("white"), alt.value("black")),
+    )
     return alt.layer(rect, text, data=ov).facet(row=alt.Row("metric:N", title=None)).properties(title=title)

@@ -8,8 +8,25 @@ import inspect
 import numpy as np
 import pandas as pd
 import altair as alt
-from .plans import DEPTH_GROUPS, LABELS, figure_order, figure_own, figure_plans, figure_references, parse_method_plan, paper_plans
-from .plots import stacked_by_run, label_runs, short_label, component_label, layer_label, plan_label, run_keys
+from dwg.science.plans import (
+    DEPTH_GROUPS,
+    LABELS,
+    figure_order,
+    figure_own,
+    figure_plans,
+    figure_references,
+    parse_method_plan,
+    paper_plans,
+)
+from dwg.science.plots import (
+    stacked_by_run,
+    label_runs,
+    short_label,
+    component_label,
+    layer_label,
+    plan_label,
+    run_keys,
+)
 
 # %% auto #0
 __all__ = ['REFERENCE_PAIRS', 'LAYER_KINDS', 'RECOVERY_FIGURES', 'recovery_table', 'method_rows', 'recovery_chart',
@@ -17,7 +34,8 @@ __all__ = ['REFERENCE_PAIRS', 'LAYER_KINDS', 'RECOVERY_FIGURES', 'recovery_table
            'recovery_figures']
 
 # %% ../../nbs/06a_recovery.ipynb #02f977bb
-REFERENCE_PAIRS = (("PRE", "SFT"), ("TASK", "RELATION"))   # (0, 1) of recovery: position runs, component runs
+REFERENCE_PAIRS = (("PRE", "SFT"), ("TASK", "RELATION"))  # (0, 1) of recovery: position runs, component runs
+
 
 def _per_fact(df: pd.DataFrame, column: str) -> pd.DataFrame:
     "The target's mean `column` per run, plan and fact (templates averaged, skipped rows left out): plans as columns."
@@ -26,46 +44,70 @@ def _per_fact(df: pd.DataFrame, column: str) -> pd.DataFrame:
     d = d[~skipped & d[column].notna()]
     return d.groupby(run_keys(d) + ["fact_id", "plan"], sort=False)[column].mean().unstack("plan")
 
+
 def _recovery(v: np.ndarray) -> np.ndarray:
     "Recovery from (..., facts, [plan, base, full]) log-probabilities: (plan - base) / (full - base) of the fact means."
     m = v.mean(-2)
     with np.errstate(divide="ignore", invalid="ignore"):
         return (m[..., 0] - m[..., 1]) / (m[..., 2] - m[..., 1])
 
-def _plan_recovery(facts: pd.DataFrame, probs: pd.Series, plan: str, base: str, full: str, n_boot: int, seed: int,
-                   level: float) -> dict:
+
+def _plan_recovery(
+    facts: pd.DataFrame, probs: pd.Series, plan: str, base: str, full: str, n_boot: int, seed: int, level: float
+) -> dict:
     """One plan's recovery, its bootstrap interval over the facts that have all three log-probabilities, its inputs,
     and its mean target probability (`probs`: per fact) over the same facts (over all if none has the three)."""
     kept = facts[[plan, base, full]].dropna()
     v, same = kept.to_numpy(), probs.reindex(kept.index) if len(kept) else probs
     prob = float(same.mean()) if same.notna().any() else np.nan
-    if not len(v): return dict(plan=plan, recovery=np.nan, lo=np.nan, hi=np.nan, n_facts=0, prob=prob)
+    if not len(v):
+        return dict(plan=plan, recovery=np.nan, lo=np.nan, hi=np.nan, n_facts=0, prob=prob)
     idx = np.random.default_rng(seed).integers(0, len(v), size=(n_boot, len(v)))
     boots = _recovery(v[idx]) if n_boot > 0 and len(v) > 1 else np.full(1, _recovery(v))
     lo, hi = np.nanquantile(boots, [(1 - level) / 2, (1 + level) / 2]) if np.isfinite(boots).any() else (np.nan,) * 2
     means = v.mean(0)
-    return dict(plan=plan, recovery=float(_recovery(v)), lo=float(lo), hi=float(hi), n_facts=len(v), prob=prob,
-                logprob=float(means[0]), logprob_base=float(means[1]), logprob_full=float(means[2]))
+    return dict(
+        plan=plan,
+        recovery=float(_recovery(v)),
+        lo=float(lo),
+        hi=float(hi),
+        n_facts=len(v),
+        prob=prob,
+        logprob=float(means[0]),
+        logprob_base=float(means[1]),
+        logprob_full=float(means[2]),
+    )
+
 
 def _reference_pair(plan: str, held: list, catalog: dict) -> tuple:
     """The first (base, full) pair of `held` (non-empty) with a reference that runs the same model as `plan` (a
     component plan runs the task model, as TASK does); for a plan the catalogue does not know, the first pair."""
     info = catalog.get(plan) or parse_method_plan(plan)
-    same = [(b, f) for b, f in held if info is not None and info.base in {catalog[r].base for r in (b, f) if r in catalog}]
+    same = [
+        (b, f) for b, f in held if info is not None and info.base in {catalog[r].base for r in (b, f) if r in catalog}
+    ]
     return (same or held)[0]
 
-def recovery_table(df: pd.DataFrame, refs=REFERENCE_PAIRS, n_boot: int = 1000, seed: int = 0,
-                   level: float = 0.95) -> pd.DataFrame:
+
+def recovery_table(
+    df: pd.DataFrame, refs=REFERENCE_PAIRS, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> pd.DataFrame:
     """Per run and plan, the recovery of the target's first-token log-probability, (lp_plan - lp_base) /
     (lp_full - lp_base) of the means over facts (0: no better than `base`, 1: as good as `full`; the pair of `refs`
     that runs the plan's base model: PRE -> SFT for position plans, TASK -> RELATION for component plans), with a
     percentile bootstrap interval over facts (resampled together for the three plans, so their correlation is kept),
     and the mean target probability (`prob`)."""
     if "logprob" not in df or df["logprob"].isna().all():
-        raise ValueError("These results have no target log-probabilities (column 'logprob'): they were written before "
-                         "dwg recorded them. Rerun the grafting runs (delete their run directories, then ./run_all.sh).")
+        raise ValueError(
+            "These results have no target log-probabilities (column 'logprob'): they were written before "
+            "dwg recorded them. Rerun the grafting runs (delete their run directories, then ./run_all.sh)."
+        )
     per_fact, catalog = _per_fact(df, "logprob"), paper_plans()
-    probs = _per_fact(df, "prob").reindex(index=per_fact.index, columns=per_fact.columns) if "prob" in df else per_fact * np.nan
+    probs = (
+        _per_fact(df, "prob").reindex(index=per_fact.index, columns=per_fact.columns)
+        if "prob" in df
+        else per_fact * np.nan
+    )
     keys, rows, left_out = list(per_fact.index.names[:-1]), [], []
     pairs = " or ".join(f"{b} and {f}" for b, f in refs)
     for run, facts in per_fact.groupby(level=keys, sort=False):
@@ -76,74 +118,112 @@ def recovery_table(df: pd.DataFrame, refs=REFERENCE_PAIRS, n_boot: int = 1000, s
             continue
         for plan in facts.columns:
             pair = _reference_pair(plan, held, catalog)
-            rows.append(run | dict(base=pair[0], full=pair[1])
-                        | _plan_recovery(facts, probs.loc[facts.index, plan], plan, *pair, n_boot, seed, level))
+            rows.append(
+                run
+                | dict(base=pair[0], full=pair[1])
+                | _plan_recovery(facts, probs.loc[facts.index, plan], plan, *pair, n_boot, seed, level)
+            )
     if not rows:
-        raise ValueError(f"No run has a pair of reference plans ({pairs}), which recovery is measured against: run "
-                         f"them with the others (e.g. plans: [PRE, SFT, ...]). Runs: {'; '.join(left_out)}.")
+        raise ValueError(
+            f"No run has a pair of reference plans ({pairs}), which recovery is measured against: run "
+            f"them with the others (e.g. plans: [PRE, SFT, ...]). Runs: {'; '.join(left_out)}."
+        )
     out = pd.DataFrame(rows)
-    out.attrs["left_out"] = left_out   # runs without references
+    out.attrs["left_out"] = left_out  # runs without references
     return out
 
-
 # %% ../../nbs/06a_recovery.ipynb #00f0e2ca
-LAYER_KINDS = {"layer": "one layer at a time", "quarter": "one quarter of the layers (Q1 = first)",
-               "from": "from layer L to the last"}
+LAYER_KINDS = {
+    "layer": "one layer at a time",
+    "quarter": "one quarter of the layers (Q1 = first)",
+    "from": "from layer L to the last",
+}
+
 
 def _where(spec: str) -> tuple[str, int, str]:
     "(kind, order, label) of a method plan's layer spec: `layer_7` -> one layer, 7; `from_7` -> from 7; `Q1`..`Q4`."
     kind, _, i = spec.partition("_")
-    if kind in ("layer", "from") and i.isdigit(): return kind, int(i), i
+    if kind in ("layer", "from") and i.isdigit():
+        return kind, int(i), i
     q = ["first", "second", "third", "fourth"].index(kind) if i == "quarter" else None
     return ("quarter", q, f"Q{q + 1}") if q is not None else ("other", 0, spec)
+
 
 def method_rows(rec: pd.DataFrame) -> pd.DataFrame:
     "The method plans of a recovery table, with their method, position, layer kind, order and label; and a `run` label."
     catalog = paper_plans()
     info = {p: catalog.get(p) or parse_method_plan(p) for p in rec.plan.unique()}
     rec = label_runs(rec[rec.plan.map(lambda p: info[p] is not None and "methods" in info[p].figures)])
-    if rec.empty: raise ValueError("No method plans (dwg.science.plans.method_plans / methods_grid) in these results.")
+    if rec.empty:
+        raise ValueError("No method plans (dwg.science.plans.method_plans / methods_grid) in these results.")
     where = rec.plan.map(lambda p: _where(info[p].layer_group))
     position = rec.plan.map(lambda p: LABELS.get(info[p].position, info[p].position))
-    return rec.assign(method=rec.plan.map(lambda p: info[p].variant), position=position, kind=where.str[0],
-                      order=where.str[1], layers=where.str[2])
+    return rec.assign(
+        method=rec.plan.map(lambda p: info[p].variant),
+        position=position,
+        kind=where.str[0],
+        order=where.str[1],
+        layers=where.str[2],
+    )
+
 
 def _refs_subtitle(rec: pd.DataFrame) -> str:
     "What 0 and 1 mean, with the reference log-probabilities."
     r = rec.iloc[0]
-    return (f"recovery of the target's log-probability: 0 = {r.base} (mean {r.logprob_base:.2f}), "
-            f"1 = {r.full} (mean {r.logprob_full:.2f}); bars: 95% bootstrap interval over facts")
+    return (
+        f"recovery of the target's log-probability: 0 = {r.base} (mean {r.logprob_base:.2f}), "
+        f"1 = {r.full} (mean {r.logprob_full:.2f}); bars: 95% bootstrap interval over facts"
+    )
 
 # %% ../../nbs/06a_recovery.ipynb #00eaeb0c
-_TIP = [alt.Tooltip("plan:N"), alt.Tooltip("recovery:Q", format=".2f"), alt.Tooltip("lo:Q", format=".2f"),
-        alt.Tooltip("hi:Q", format=".2f"), alt.Tooltip("logprob:Q", format=".2f", title="mean log-prob"),
-        alt.Tooltip("n_facts:Q", title="facts")]
+_TIP = [
+    alt.Tooltip("plan:N"),
+    alt.Tooltip("recovery:Q", format=".2f"),
+    alt.Tooltip("lo:Q", format=".2f"),
+    alt.Tooltip("hi:Q", format=".2f"),
+    alt.Tooltip("logprob:Q", format=".2f", title="mean log-prob"),
+    alt.Tooltip("n_facts:Q", title="facts"),
+]
 _REC_Y = alt.Y("recovery:Q", title="recovery", axis=alt.Axis(tickCount=5))
+
 
 def _layer_panel(rows: pd.DataFrame, kind: str, methods: list, positions: list):
     "Recovery against layer for one layer kind: a line per position, a panel per method."
     x_title = {"layer": "layer (input → output)", "from": "L (layers L to the last)", "quarter": "layer quarter"}[kind]
-    x = alt.X("layers:O", sort=list(rows.sort_values("order").layers.unique()), title=x_title,
-              axis=alt.Axis(labelAngle=0, labelOverlap=True))
+    x = alt.X(
+        "layers:O",
+        sort=list(rows.sort_values("order").layers.unique()),
+        title=x_title,
+        axis=alt.Axis(labelAngle=0, labelOverlap=True),
+    )
     color = alt.Color("position:N", sort=positions, title="positions")
     line = alt.Chart().mark_line(point=True).encode(x=x, y=_REC_Y, color=color, tooltip=_TIP)
-    bars = alt.Chart().mark_rule(opacity=.45).encode(x=x, y="lo:Q", y2="hi:Q", color=color, tooltip=_TIP)
+    bars = alt.Chart().mark_rule(opacity=0.45).encode(x=x, y="lo:Q", y2="hi:Q", color=color, tooltip=_TIP)
     zero = alt.Chart().mark_rule(strokeDash=[3, 3], color="gray").encode(y=alt.datum(0))
     one = alt.Chart().mark_rule(strokeDash=[3, 3], color="gray").encode(y=alt.datum(1))
     width = 260 if kind != "quarter" else 150
-    return alt.layer(zero, one, bars, line, data=rows).properties(width=width, height=150).facet(
-        column=alt.Column("method:N", sort=methods, title=None, header=alt.Header(labelFontWeight="bold")),
-        title=LAYER_KINDS[kind])
+    return (
+        alt.layer(zero, one, bars, line, data=rows)
+        .properties(width=width, height=150)
+        .facet(
+            column=alt.Column("method:N", sort=methods, title=None, header=alt.Header(labelFontWeight="bold")),
+            title=LAYER_KINDS[kind],
+        )
+    )
+
 
 def recovery_chart(rec: pd.DataFrame, title: str = "Grafting vs activation patching: recovery by depth"):
     """Recovery against layer (the layout of causal-tracing figures): a line per position, a panel per method, a row
     per layer kind present (one layer, one quarter, from layer L to the last)."""
     rows = method_rows(rec)
     methods, positions = list(dict.fromkeys(rows.method)), list(dict.fromkeys(rows.position))
+
     def make(a, run):
         kinds = [k for k in LAYER_KINDS if k in set(a.kind)]
         return alt.vconcat(*[_layer_panel(a[a.kind == k], k, methods, positions) for k in kinds], spacing=20)
+
     return stacked_by_run(rows, make, title, _refs_subtitle)
+
 
 def method_pairs_chart(rec: pd.DataFrame, methods=("graft", "patch-resid"), title: str = "Same cell, two methods"):
     """For each position and layer quarter (or, without quarters, each layer spec) that both `methods` ran: the two
@@ -156,14 +236,28 @@ def method_pairs_chart(rec: pd.DataFrame, methods=("graft", "patch-resid"), titl
     rows = rows[rows.kind == kind]
     y = alt.Y("layers:O", sort=list(rows.sort_values("order").layers.unique()), title=None)
     color = alt.Color("method:N", sort=list(methods), title="method")
+
     def make(a, run):
         rule = alt.Chart().mark_line(color="gray").encode(x="recovery:Q", y=y, detail="layers:O")
-        pts = alt.Chart().mark_point(filled=True, size=70).encode(x=alt.X("recovery:Q", title="recovery"), y=y,
-                                                                  color=color, tooltip=[*_TIP, "method:N"])
-        bars = alt.Chart().mark_rule(opacity=.4).encode(x="lo:Q", x2="hi:Q", y=y, color=color)
-        return alt.layer(rule, bars, pts, data=a).properties(width=170, height=110).facet(
-            column=alt.Column("position:N", sort=list(dict.fromkeys(rows.position)), title=None,
-                              header=alt.Header(labelFontWeight="bold")))
+        pts = (
+            alt.Chart()
+            .mark_point(filled=True, size=70)
+            .encode(x=alt.X("recovery:Q", title="recovery"), y=y, color=color, tooltip=[*_TIP, "method:N"])
+        )
+        bars = alt.Chart().mark_rule(opacity=0.4).encode(x="lo:Q", x2="hi:Q", y=y, color=color)
+        return (
+            alt.layer(rule, bars, pts, data=a)
+            .properties(width=170, height=110)
+            .facet(
+                column=alt.Column(
+                    "position:N",
+                    sort=list(dict.fromkeys(rows.position)),
+                    title=None,
+                    header=alt.Header(labelFontWeight="bold"),
+                )
+            )
+        )
+
     return stacked_by_run(rows, make, f"{title}: {' vs '.join(methods)}", _refs_subtitle)
 
 # %% ../../nbs/06a_recovery.ipynb #b7e1a002
@@ -172,14 +266,18 @@ def _interval(r, digits: int = 2) -> str:
     f = f"{{:.{digits}f}}"
     return f"{f.format(r.recovery)} [{f.format(r.lo)}, {f.format(r.hi)}]" if r.recovery == r.recovery else "n/a"
 
+
 def with_recovery(table: pd.DataFrame, rec: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     "A report table (`dwg.science.plots.report_tables`) with each plan's recovery [95% interval] and mean target probability."
     r = rec.assign(model=rec.model.map(short_label), dataset=rec.dataset.map(short_label))
     keys = [c for c in ("model", "dataset", "run_id", "plan") if c in table and c in r]
-    r = r.assign(recovery=[_interval(x, digits) for x in r.itertuples()],
-                 **{"mean prob": r.prob.map(lambda p: f"{p:.3f}" if p == p else "n/a")})
+    r = r.assign(
+        recovery=[_interval(x, digits) for x in r.itertuples()],
+        **{"mean prob": r.prob.map(lambda p: f"{p:.3f}" if p == p else "n/a")},
+    )
     out = table.merge(r[keys + ["recovery", "mean prob"]].drop_duplicates(keys), on=keys, how="left")
     return out.fillna({"recovery": "n/a", "mean prob": "n/a"})
+
 
 def _figure_runs(rec: pd.DataFrame, figure: str) -> pd.DataFrame:
     "The rows of a figure's plans and references, from the runs that have any of its (non-reference) plans."
@@ -187,72 +285,126 @@ def _figure_runs(rec: pd.DataFrame, figure: str) -> pd.DataFrame:
     own = set(figure_own(figure))
     rows = label_runs(rec[rec.plan.isin([*drawn, *refs])])
     rows = rows[rows.groupby("run").plan.transform(lambda p: p.isin(own).any()).astype(bool)]
-    if rows.empty: raise ValueError(f"No plans of the {figure} figure in these results ({', '.join(sorted(own))}).")
+    if rows.empty:
+        raise ValueError(f"No plans of the {figure} figure in these results ({', '.join(sorted(own))}).")
     return rows
+
 
 _ZERO_ONE = [alt.Chart().mark_rule(strokeDash=[3, 3], color="gray").encode(x=alt.datum(v)) for v in (0, 1)]
 
-def recovery_bars(rec: pd.DataFrame, figure: str = "positions", title: str = "Recovery of the target's log-probability"):
+
+def recovery_bars(
+    rec: pd.DataFrame, figure: str = "positions", title: str = "Recovery of the target's log-probability"
+):
     "Recovery of each plan a figure draws (`positions`, `movie_spans`, `components`), with its 95% interval over facts."
     rows = _figure_runs(rec, figure).assign(label=lambda d: d.plan.map(plan_label))
-    labels = list(dict.fromkeys(plan_label(p) for p in [*figure_references(figure), *figure_order(figure)]
-                                if p in set(rows.plan)))
+    labels = list(
+        dict.fromkeys(plan_label(p) for p in [*figure_references(figure), *figure_order(figure)] if p in set(rows.plan))
+    )
     y = alt.Y("label:N", sort=labels, title=None)
+
     def make(a, run):
         bars = alt.Chart().mark_bar(color="#4c78a8").encode(x=alt.X("recovery:Q", title="recovery"), y=y, tooltip=_TIP)
         err = alt.Chart().mark_rule(color="#222").encode(x="lo:Q", x2="hi:Q", y=y, tooltip=_TIP)
-        return alt.layer(*_ZERO_ONE, bars, err, data=a).properties(width=320, height=16 * len(labels),
-                                                                      title=run if rows.run.nunique() > 1 else "")
+        return alt.layer(*_ZERO_ONE, bars, err, data=a).properties(
+            width=320, height=16 * len(labels), title=run if rows.run.nunique() > 1 else ""
+        )
+
     return stacked_by_run(rows, make, f"{title}: {figure.replace('_', ' ')}", _refs_subtitle)
+
 
 def depth_recovery(rec: pd.DataFrame, title: str = "Where in depth, in recovery: one layer quarter × component group"):
     "Figure 4 in recovery: grafting one layer quarter (rows) x component group (columns), at FE and at LT."
     info = {p.name: p for p in figure_plans("depth")}
     rows = _figure_runs(rec, "depth")
     rows = rows[rows.plan.isin(info)]
-    rows = rows.assign(position=rows.plan.map(lambda p: f"graft at {info[p].position}"),
-                       group=rows.plan.map(lambda p: component_label(info[p].component_set)),
-                       quarter=rows.plan.map(lambda p: layer_label(info[p].layer_group)))
-    enc = dict(x=alt.X("group:N", sort=list(dict.fromkeys([*map(component_label, DEPTH_GROUPS), *rows.group])), title="component group",
-                       axis=alt.Axis(labelAngle=0, orient="top")),
-               y=alt.Y("quarter:N", sort=list(dict.fromkeys(layer_label(p.layer_group) for p in info.values())),
-                       title="layers (input → output)"))
-    def make(a, run):
-        rect = alt.Chart().mark_rect(stroke="white").encode(**enc, tooltip=_TIP, color=alt.Color(
-            "recovery:Q", scale=alt.Scale(domain=[0, 1], scheme="blues", clamp=True), title="recovery"))
-        text = alt.Chart().mark_text(fontSize=12).encode(**enc, text=alt.Text("recovery:Q", format=".2f"),
-            color=alt.condition(alt.datum.recovery > .55, alt.value("white"), alt.value("black")))
-        return alt.layer(rect, text, data=a).properties(width=60 * a.group.nunique(), height=4 * 34).facet(
-            column=alt.Column("position:N", title=None, header=alt.Header(labelFontWeight="bold", labelFontSize=13)),
-            title=run if rows.run.nunique() > 1 else "")
-    return stacked_by_run(rows, make, title, _refs_subtitle)
+    rows = rows.assign(
+        position=rows.plan.map(lambda p: f"graft at {info[p].position}"),
+        group=rows.plan.map(lambda p: component_label(info[p].component_set)),
+        quarter=rows.plan.map(lambda p: layer_label(info[p].layer_group)),
+    )
+    enc = dict(
+        x=alt.X(
+            "group:N",
+            sort=list(dict.fromkeys([*map(component_label, DEPTH_GROUPS), *rows.group])),
+            title="component group",
+            axis=alt.Axis(labelAngle=0, orient="top"),
+        ),
+        y=alt.Y(
+            "quarter:N",
+            sort=list(dict.fromkeys(layer_label(p.layer_group) for p in info.values())),
+            title="layers (input → output)",
+        ),
+    )
 
+    def make(a, run):
+        rect = (
+            alt.Chart()
+            .mark_rect(stroke="white")
+            .encode(
+                **enc,
+                tooltip=_TIP,
+                color=alt.Color(
+                    "recovery:Q", scale=alt.Scale(domain=[0, 1], scheme="blues", clamp=True), title="recovery"
+                ),
+            )
+        )
+        text = (
+            alt.Chart()
+            .mark_text(fontSize=12)
+            .encode(
+                **enc,
+                text=alt.Text("recovery:Q", format=".2f"),
+                color=alt.condition(alt.datum.recovery > 0.55, alt.value("white"), alt.value("black")),
+            )
+        )
+        return (
+            alt.layer(rect, text, data=a)
+            .properties(width=60 * a.group.nunique(), height=4 * 34)
+            .facet(
+                column=alt.Column(
+                    "position:N", title=None, header=alt.Header(labelFontWeight="bold", labelFontSize=13)
+                ),
+                title=run if rows.run.nunique() > 1 else "",
+            )
+        )
+
+    return stacked_by_run(rows, make, title, _refs_subtitle)
 
 # %% ../../nbs/06a_recovery.ipynb #e0eb3e0c
 def recovery_summary(rec: pd.DataFrame, kind: str = "quarter", digits: int = 2) -> pd.DataFrame:
     "A wide table of one layer kind's method plans: a row per run, method and position, a column per layer spec."
     rows = method_rows(rec)
     rows = rows[rows.kind == kind]
-    if rows.empty: raise ValueError(f"No method plans of layer kind '{kind}' in these results.")
+    if rows.empty:
+        raise ValueError(f"No method plans of layer kind '{kind}' in these results.")
     f = f"{{:.{digits}f}}"
     cell = rows.apply(lambda r: f"{f.format(r.recovery)} [{f.format(r.lo)}, {f.format(r.hi)}]", axis=1)
-    wide = rows.assign(cell=cell).pivot_table(index=["run", "method", "position"], columns="layers", values="cell",
-                                              aggfunc="first", sort=False)
+    wide = rows.assign(cell=cell).pivot_table(
+        index=["run", "method", "position"], columns="layers", values="cell", aggfunc="first", sort=False
+    )
     order = list(rows.sort_values("order").layers.unique())
     return wide[order].reset_index().rename_axis(columns=None)
 
-RECOVERY_FIGURES = {"positions_recovery": (recovery_bars, dict(figure="positions")),
-                    "movie_spans_recovery": (recovery_bars, dict(figure="movie_spans")),
-                    "components_recovery": (recovery_bars, dict(figure="components")),
-                    "depth_recovery": (depth_recovery, {}), "methods_recovery": (recovery_chart, {}),
-                    "methods_pairs": (method_pairs_chart, {})}
+
+RECOVERY_FIGURES = {
+    "positions_recovery": (recovery_bars, dict(figure="positions")),
+    "movie_spans_recovery": (recovery_bars, dict(figure="movie_spans")),
+    "components_recovery": (recovery_bars, dict(figure="components")),
+    "depth_recovery": (depth_recovery, {}),
+    "methods_recovery": (recovery_chart, {}),
+    "methods_pairs": (method_pairs_chart, {}),
+}
+
 
 def recovery_figures(rec: pd.DataFrame, title_prefix: str = "", verbose: bool = True) -> dict:
     "The recovery figures (`RECOVERY_FIGURES`) the table has data for, by name; the others said and left out."
     out = {}
     for name, (make, kw) in RECOVERY_FIGURES.items():
         title = title_prefix + inspect.signature(make).parameters["title"].default
-        try: out[name] = make(rec, title=title, **kw)
+        try:
+            out[name] = make(rec, title=title, **kw)
         except ValueError as e:
-            if verbose: print(f"{name}: no figure ({e})")
+            if verbose:
+                print(f"{name}: no figure ({e})")
     return out

@@ -13,8 +13,8 @@ Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
   status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
                  --runs DIR or --profile NAME), with the executed notebook of each failed run
-  test           set up, then run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure (the first
-                 time, it byte-compiles the rest of .venv: the tests import far more than the main job)
+  test           set up, then lint (ruff), run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
+                 (the first time, it byte-compiles the rest of .venv: the tests import far more than the main job)
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
                  byte-compile what the main job imports, prepare the embedded model under $DWG_HOME (default
                  ~/.cache/dwg)
@@ -87,7 +87,7 @@ compile_job() {
   env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.evaluate
 import transformers.generation, transformers.models.llama.modeling_llama, safetensors.torch
 $PREPARE" & pid=$!
-  env -u PYTHONDONTWRITEBYTECODE "$py" -c "import dwg.pipeline.cli, dwg.science.recovery, dwg.science.claims
+  env -u PYTHONDONTWRITEBYTECODE "$py" -c "import dwg.pipeline.cli, dwg.science.recovery_charts, dwg.science.claims
 import dwg.science.custom, faker, papermill, nbclient, ipykernel.kernelapp, vl_convert"
   wait "$pid"
 }
@@ -139,6 +139,7 @@ case "$cmd" in
   lint) setup >/dev/null; lint ;;
   test)
     setup; compile_all
+    lint
     export HF_HUB_OFFLINE=1
     echo "dwg: nbdev_test"; "$VENV/bin/nbdev_test" --n_workers 1
     "$VENV/bin/nbdev_test" --n_workers 1 --path dwg/experiments   # the experiment notebooks, with their demo defaults

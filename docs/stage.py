@@ -12,7 +12,10 @@ Nothing here imports dwg; the staged directory is git-ignored and rebuilt from s
 """
 
 from __future__ import annotations
-import json, re, shutil, sys
+import json
+import re
+import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 __all__ = []
 
 # %% ../nbs/00_api.ipynb #127ade8f
-__doc__ = """Dynamic weight grafting: run a pretrained model with a fine-tuned model's weights at chosen token positions,
-layers and components, to find where the fine-tuned model keeps and retrieves what it learned.
+__doc__ = """Dynamic weight grafting: run a pretrained model with a fine-tuned model's weights at chosen token
+positions, layers and components, to find where the fine-tuned model keeps and retrieves what it learned.
 
 Public API (each name is loaded on first use): see `dwg.__all__`; `help(dwg.graft)` etc. for each."""
 import importlib
@@ -35,23 +35,23 @@ _API = {  # public name -> the module that defines it
     "plan_groups": "science.plans",
     "evaluate_plans": "science.evaluate",
     "summarize": "science.evaluate",
-    "run_grafting": "science.evaluate",
+    "run_grafting": "science.run",
     "attribute": "science.localize",
     "search": "science.localize",
     "scan": "science.localize",
     "cells_plan": "science.localize",
     "recovery_table": "science.recovery",
-    "accuracy_table": "science.plots",
-    "load_runs": "science.plots",
+    "accuracy_table": "science.tables",
+    "load_runs": "science.tables",
     "claims_table": "science.claims",
-    "paper_figures": "science.plots",
-    "position_chart": "science.plots",
-    "component_chart": "science.plots",
+    "paper_figures": "science.charts",
+    "position_chart": "science.charts",
+    "component_chart": "science.charts",
     "load_sweep": "pipeline.sweep",
 }
 __all__ = sorted(_API)
 _EXTRAS = {"altair": "plots", "vl_convert": "plots", "papermill": "pipeline", "faker": "paper"}
-_NEEDS = {"science.plots": "altair", "science.recovery": "altair"}  # modules that import an extra at once
+_NEEDS = {"science.charts": "altair"}  # modules that import an extra at once
 
 
 def __getattr__(name: str):

@@ -37,9 +37,8 @@ def atomic_write(path, text: str | bytes) -> Path:
     if path.is_dir():
         raise IsADirectoryError(f"'{path}' is a directory; give the path of the file to write.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(
-        f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    )  # opened as any new file: umask's mode
+    # opened as any new file: umask's mode
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         with open(tmp, "xb" if isinstance(text, bytes) else "x") as f:
             f.write(text)
@@ -57,12 +56,13 @@ def publish_dir(tmp_dir, final_dir) -> Path:
         os.replace(tmp_dir, final_dir)
         return final_dir
     old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-    os.replace(final_dir, old)  # a directory cannot be renamed over a non-empty one: swap in two renames
+    # a directory cannot be renamed over a non-empty one: swap in two renames
+    os.replace(final_dir, old)
     os.replace(tmp_dir, final_dir)
     shutil.rmtree(old, ignore_errors=True)
     return final_dir
 
-
+# %% ../nbs/08_runs.ipynb #7fe5692ex2
 def write_jsonl(path, rows) -> Path:
     "Write rows as JSON lines, atomically."
     return atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
@@ -141,9 +141,7 @@ def _malloc_set_by_user() -> bool:
 
 @contextmanager
 def reusing_freed_memory(on: bool = True):
-    """Inside the block, memory freed by the process stays in it for reuse (glibc: no mmap for large buffers, no trim);
-    on exit glibc's defaults come back and the kept memory is returned (so blocks do not nest). Elsewhere than glibc,
-    with your own value of a setting it changes in the environment (kept as you set it), or `on=False`: nothing."""
+    "Inside the block, memory freed by the process stays in it for reuse; on exit it is returned (blocks do not nest)."
     libc = _glibc() if on and not _malloc_set_by_user() else None
     if libc is None:
         yield
@@ -195,7 +193,7 @@ def output_digests(out_dir) -> dict[str, dict]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and _is_output(p.relative_to(root)))
     return {str(p.relative_to(root)): file_digest(p) for p in files}
 
-
+# %% ../nbs/08_runs.ipynb #3ccbfc2dn7
 def _as_json(x):
     "A set as its sorted list (JSON has no sets), anything else JSON cannot hold as its text."
     return sorted(x, key=str) if isinstance(x, (set, frozenset)) else str(x)
@@ -255,7 +253,7 @@ def has_train_summary(out_dir) -> bool:
 
 
 def trained_models(run_dirs) -> list[Path]:
-    "The training runs (directories with a `train_summary.json`) that finished grafting runs `run_dirs` used as models."
+    "The training runs (directories with a `train_summary.json`) that the finished grafting runs `run_dirs` used."
     out = []
     for d in map(Path, run_dirs):
         models_of = json.loads((d / RECORD).read_text()).get("config", {}).get("models") or {}
@@ -264,14 +262,14 @@ def trained_models(run_dirs) -> list[Path]:
                 out.append(p)
     return out
 
-
+# %% ../nbs/08_runs.ipynb #bc2bafa2n13
 def _run_name(model_dir: Path) -> str:
     "A training run's name in a sweep: `models/<id>` for `.../models/<id>/model`, else the directory's name."
     return f"{model_dir.parent.parent.name}/{model_dir.parent.name}" if model_dir.name == "model" else model_dir.name
 
 
 def training_row(model_dir) -> dict:
-    "One training run's data, method, precision, time, speed (share of this machine's ceiling) and recall of its facts."
+    "One training run's data, method, precision, time, speed (share of this machine's ceiling) and recall."
     d = Path(model_dir)
     s, info = json.loads((d / TRAIN_SUMMARY).read_text()), d / "dataset" / "dataset_info.json"
     final, speed, lora = s.get("final") or {}, s.get("throughput") or {}, s.get("lora")

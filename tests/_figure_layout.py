@@ -1,7 +1,7 @@
 """What a reader sees of an altair chart: its rendered scene (Vega's own layout, via vl-convert), read back as panels.
 
-A test-only inspector that does not reuse dwg.science.plots: it asks Vega where every bar, rule and axis label landed and
-checks the picture a reader gets (bars inside their category's band, labels in order, reference rules drawn).
+A test-only inspector that does not reuse dwg.science.charts: it asks Vega where every bar, rule and axis label landed
+and checks the picture a reader gets (bars inside their category's band, labels in order, reference rules drawn).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _walk(mark: dict, ox: float, oy: float, cells: list, axes: list, titles: lis
 
 def _nearest_labels(p: Panel, axes: list, axis: str) -> list:
     """The labels of the axis nearest to panel `p` along its edge: below or above it for "x" (a facet draws the x axis
-    only under its bottom row), left of it for "y" (only beside its first column); only labels within the panel's span."""
+    only under its bottom row), left of it for "y" (only beside its first column); only labels within the panel's
+    span."""
     best, gap = [], float("inf")
     for ax in axes:
         if axis == "x" and ax["orient"] in ("bottom", "top"):

@@ -1,5 +1,6 @@
 """Architecture coverage: grafting on tiny random models of transformers' decoder families, checked against the
-independent token-by-token reference of dwg.dev.coverage (parameters swapped by name, never through dwg.engine.arch/dwg.engine.graft).
+independent token-by-token reference of dwg.dev.coverage (parameters swapped by name, never through
+dwg.engine.arch/dwg.engine.graft).
 
 Which families run is fixed, never drawn: every run checks the named families (the CI subset: the families the
 project grafts by name and the seven it started with); `pytest -m all_families tests/test_architectures.py` checks
@@ -267,13 +268,14 @@ def test_replayed_layers_give_the_full_pass(model_type):
     want = plan_forward(hybrid, models, batch, masks)[0]
     for _ in range(2):  # the second plan of a head signature starts from the head cropped back
         got = plan_forward(hybrid, models, batch, masks, prefix=prefix, shared_head=True)[0]
-        assert (got.log_softmax(-1) - want.log_softmax(-1)).abs().max() < 1e-4, "shared head"  # log-probs: tiny random
-        # models' probs are flat
+        # log-probs: tiny random models' probs are flat
+        dlogp = (got.log_softmax(-1) - want.log_softmax(-1)).abs().max()
+        assert dlogp < 1e-4, "shared head"
 
 
 def test_replay_falls_back_where_it_would_differ():
-    """Layers that pass state outside their outputs (here layer 1 adds what layer 0's MLP stashed) fail the replay check:
-    the plans then run every layer, and still give the full pass."""
+    """Layers that pass state outside their outputs (here layer 1 adds what layer 0's MLP stashed) fail the replay
+    check: the plans then run every layer, and still give the full pass."""
     model = tiny_random("llama")
     donor = perturbed(model)
     batch, layers, stash = _padded_batch(), model.model.layers, []

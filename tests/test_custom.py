@@ -1,5 +1,5 @@
-"""Your own facts (dwg.science.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files' content, and
-the smoke graph (tiny model) on the packaged example end to end."""
+"""Your own facts (dwg.science.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files'
+content, and the smoke graph (tiny model) on the packaged example end to end."""
 
 import shutil
 import pytest
@@ -32,7 +32,8 @@ def custom_sweep(tmp_path, facts=None, **dataset):
 
 
 def test_custom_datasets_are_checked_when_the_sweep_loads(tmp_path):
-    "A bad facts file, a template name the dataset lacks, or files given to a built-in kind: errors before anything runs."
+    """A bad facts file, a template name the dataset lacks, or files given to a built-in kind: errors before anything
+    runs."""
     good = sw.load_sweep(str(custom_sweep(tmp_path)))
     assert good["datasets"]["ceos"]["facts"] == str((tmp_path / "data" / "facts.csv").resolve())
     bad = custom_sweep(tmp_path / "b", facts="company,ceo,industry,city,year\nAcme,Jo Bo,x,y,1\nAcme,Al Ma,x,y,2\n")

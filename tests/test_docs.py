@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# a tracker reference: "issue" or "issues" and a number (any case, "#" allowed); "../shared": a path outside the repository
+# a tracker reference: "issue" or "issues" and a number (any case, "#" allowed); "../shared": a path outside the
+# repository
 FORBIDDEN = re.compile(r"\bissues?\s+#?\d+\b|\.\./shared", re.I)
 
 

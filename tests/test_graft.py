@@ -1,4 +1,5 @@
-"""The grafting engine against the original token-by-token algorithm (dwg.dev.coverage's reference), on every tiny architecture."""
+"""The grafting engine against the original token-by-token algorithm (dwg.dev.coverage's reference), on every tiny
+architecture."""
 
 import random
 from contextlib import ExitStack
@@ -80,8 +81,8 @@ def test_engine_matches_token_by_token_reference(pair, seed):
 
 def test_each_component_alone_matches_reference(pair):
     """Each graftable component on its own, all layers, at random positions: engine == reference. The reference finds
-    the weights by parameter name (dwg.dev.coverage.REFERENCE_PARAMS), not through dwg.engine.arch (the engine's own discovery), so a wrong
-    table entry (e.g. two norms swapped) fails here."""
+    the weights by parameter name (dwg.dev.coverage.REFERENCE_PARAMS), not through dwg.engine.arch (the engine's own
+    discovery), so a wrong table entry (e.g. two norms swapped) fails here."""
     rec, don, tok = pair
     lens = [len(tok(p)["input_ids"]) for p in PROMPTS]
     masks = [torch.rand(n, generator=torch.Generator().manual_seed(i)) < 0.5 for i, n in enumerate(lens)]

@@ -1,4 +1,5 @@
-"""dwg.science.localize in the sweep: the `localize` stage and profile (the core is tested in nbs/03a_localize.ipynb)."""
+"""dwg.science.localize in the sweep: the `localize` stage and profile (the core is tested in
+nbs/03a_localize.ipynb)."""
 
 import pytest
 import yaml
@@ -6,7 +7,7 @@ from dwg.pipeline import sweep as sw
 
 
 def test_localize_profile_graph():
-    "The localize profile: dataset, the relation fine-tune (on every fact: the paper's pair), one localize run reading it."
+    "The localize profile: dataset, the relation fine-tune (on every fact), a localize run reading it."
     g = sw.expand("localize")
     assert [r.stage for r in g] == ["datasets", "models", "localize"]
     model, loc = g[1], g[2]

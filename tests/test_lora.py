@@ -1,4 +1,5 @@
-"""LoRA donors (dwg.engine.lora) against peft's merged model, on every tiny family and on SmolLM2-135M; models.load of an adapter."""
+"""LoRA donors (dwg.engine.lora) against peft's merged model, on every tiny family and on SmolLM2-135M; models.load of
+an adapter."""
 
 import copy
 import random
@@ -20,7 +21,8 @@ LLAMA_LIKE = dict(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_
 
 
 def _peft(rec, seed=0, gain=20.0, **kw):
-    "A PeftModel on a copy of `rec` with random, non-zero deltas (B times `gain`), and peft's merged model of another copy."
+    """A PeftModel on a copy of `rec` with random, non-zero deltas (B times `gain`), and peft's merged model of another
+    copy."""
     spec = dict(r=4, lora_alpha=8, **TARGETS.get(rec.config.model_type, LLAMA_LIKE)) | kw
     torch.manual_seed(seed)
     pm = get_peft_model(copy.deepcopy(rec), LoraConfig(init_lora_weights=False, **spec)).eval()
@@ -143,10 +145,11 @@ def test_patch_refuses_an_adapter_with_the_fix(tmp_path):
 
 
 def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
-    """run_grafting with a LoRA adapter directory as the fine-tuned model: the position plans graft it as an adapter (no
-    merged model loaded) and score as grafting peft's merged model does; a reverse plan (the adapter as the base) merges."""
+    """run_grafting with a LoRA adapter directory as the fine-tuned model: the position plans graft it as an adapter
+    (no merged model loaded) and score as grafting peft's merged model does; a reverse plan (the adapter as the base)
+    merges."""
     from unittest.mock import patch as mock
-    from dwg.science import evaluate
+    from dwg.science import run
     from dwg.science.data import create_dataset
     from dwg.science.plans import get_plan
 
@@ -159,15 +162,15 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
     ds = create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds")
     plans = ["PRE", "SFT", "FE+LT", "LT"]
     models = dict(pretrained="tiny-llama", finetuned=str(tmp_path / "adapter"))
-    assert evaluate.adapter_roles(models, [get_plan(p) for p in plans]) == {"finetuned": "pretrained"}
-    assert evaluate.adapter_roles(models, [get_plan(p) for p in plans], alone=False) == {}  # SFT runs the adapter alone
-    assert evaluate.adapter_roles(models, [get_plan(p) for p in ["FE+LT", "pre->sft:LT"]]) == {}  # a base with rules
+    assert run.adapter_roles(models, [get_plan(p) for p in plans]) == {"finetuned": "pretrained"}
+    assert run.adapter_roles(models, [get_plan(p) for p in plans], alone=False) == {}  # SFT runs the adapter alone
+    assert run.adapter_roles(models, [get_plan(p) for p in ["FE+LT", "pre->sft:LT"]]) == {}  # a base with rules
     loads = []
-    real = evaluate.load
-    with mock.object(evaluate, "load", side_effect=lambda k: loads.append(k) or real(k)):
-        got = evaluate.run_grafting(models, ds, plans, "positions", generate=True, generated="last_token")
+    real = run.load
+    with mock.object(run, "load", side_effect=lambda k: loads.append(k) or real(k)):
+        got = run.run_grafting(models, ds, plans, "positions", generate=True, generated="last_token")
     assert loads == ["tiny-llama"]  # the adapter was never merged into a second model
-    want = evaluate.run_grafting(
+    want = run.run_grafting(
         dict(pretrained="tiny-llama", finetuned=str(tmp_path / "merged")),
         ds,
         plans,

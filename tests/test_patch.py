@@ -1,4 +1,5 @@
-"""dwg.engine.patch against nnsight (an activation-patching library nobody here wrote), on every tiny family and SmolLM2."""
+"""dwg.engine.patch against nnsight (an activation-patching library nobody here wrote), on every tiny family and
+SmolLM2."""
 
 import random
 
@@ -151,7 +152,7 @@ def pair(request):
 
 
 def test_each_site_matches_nnsight(pair):
-    "Every site of the family alone, random layers and masks: dwg.engine.patch == nnsight (1e-5 in prob, 1e-4 in log-prob)."
+    "Every site of the family alone, random layers and masks: dwg.engine.patch == nnsight (1e-5 prob, 1e-4 log-prob)."
     rec, don, tok = pair
     rng = random.Random(0)
     for site in model_sites(rec):
@@ -202,8 +203,8 @@ def test_embedded_model_matches_nnsight():
 
 
 def test_patching_plans_run_through_evaluation(tmp_path):
-    """A patching plan scored by dwg.science.evaluate (batched, padded, whole-name generation through the KV cache) equals
-    patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
+    """A patching plan scored by dwg.science.evaluate (batched, padded, whole-name generation through the KV cache)
+    equals patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
     from dwg.science.data import create_dataset, load_split
     from dwg.science.evaluate import evaluate_plans, target_token_ids
     from dwg.science.plans import GraftPlan, Rule

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from unittest.mock import patch
-from dwg.science import plots, recovery
+from dwg.science import charts, recovery, recovery_charts
+from dwg.science.tables import accuracy_table, paper_tables, plan_label, report_tables
 from dwg.pipeline import sweep
 from dwg.dev import testing
 from dwg.science import plans
@@ -32,17 +33,37 @@ def _mark(layer):
 
 def test_accuracy_table_bootstrap(results):
     "Intervals contain the accuracy, are deterministic per seed, and narrow with more facts."
-    acc = plots.accuracy_table(results, k=5, n_boot=200)
+    acc = accuracy_table(results, k=5, n_boot=200)
     assert ((acc.lo <= acc.accuracy + 1e-12) & (acc.accuracy <= acc.hi + 1e-12)).all()
-    pd.testing.assert_frame_equal(acc, plots.accuracy_table(results, k=5, n_boot=200))
-    assert not np.allclose(acc.lo, plots.accuracy_table(results, k=5, n_boot=200, seed=7).lo)
+    pd.testing.assert_frame_equal(acc, accuracy_table(results, k=5, n_boot=200))
+    assert not np.allclose(acc.lo, accuracy_table(results, k=5, n_boot=200, seed=7).lo)
 
     def width(n):
-        a = plots.accuracy_table(testing.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
+        a = accuracy_table(testing.synthetic_results(["FE"], n_facts=n, seed=1), by=["plan"], n_boot=400)
         r = a[a.metric == "top-1"].iloc[0]
         return r.hi - r.lo
 
     assert width(200) < width(20) / 2
+
+
+def test_tables_need_no_altair():
+    "`dwg.accuracy_table` and `dwg.recovery_table` run on the core install: neither imports altair (the plots extra)."
+    import subprocess
+    import sys
+
+    script = """
+import sys, dwg, pandas as pd
+rows = pd.DataFrame(dict(plan=["PRE", "SFT"] * 2, fact_id=["a", "a", "b", "b"], rank=[3, 0, 9, 0],
+                         logprob=[-5.0, -1.0, -6.0, -2.0], model="m", dataset="d", template="t"))
+acc = dwg.accuracy_table(rows, n_boot=10)
+assert list(acc[acc.metric == "top-1"].accuracy) == [0.0, 1.0], acc
+assert list(dwg.recovery_table(rows, n_boot=10).recovery) == [0.0, 1.0]
+assert "altair" not in sys.modules, "altair was imported"
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    probe = "import sys, dwg; dwg.paper_figures; print('altair' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True"
 
 
 def test_accuracy_table_pools_facts_not_rows():
@@ -52,7 +73,7 @@ def test_accuracy_table_pools_facts_not_rows():
             plan="X", fact_id=["a", "a", "a", "b"], template=["t1", "t2", "t3", "t1"], rank=[0, 0, 0, 9], skipped=False
         )
     )
-    acc = plots.accuracy_table(df, k=5, by=["plan"], n_boot=50)
+    acc = accuracy_table(df, k=5, by=["plan"], n_boot=50)
     assert acc.set_index("metric").loc["top-1", "accuracy"] == 0.5  # (1 + 0) / 2 facts, not 3/4 rows
     assert acc.n_facts.iloc[0] == 2 and acc.n.iloc[0] == 4
 
@@ -62,7 +83,7 @@ def test_accuracy_table_groups_match_a_direct_computation(results):
     df = results.copy()
     df.loc[df.index[::7], "template"] = None  # a missing key is a group of its own
     by = ["model", "dataset", "plan", "template"]
-    acc = plots.accuracy_table(df, k=5, by=by, n_boot=10)
+    acc = accuracy_table(df, k=5, by=by, n_boot=10)
     got = acc[acc.metric == "top-1"].set_index(by).accuracy
     ok = df[~df.skipped.fillna(False).astype(bool)].assign(top1=lambda d: (d["rank"] == 0).astype(float))
     want = ok.groupby(by + ["fact_id"], dropna=False).top1.mean().groupby(level=by, dropna=False).mean()
@@ -72,7 +93,7 @@ def test_accuracy_table_groups_match_a_direct_computation(results):
 
 def test_position_chart_spec(results):
     "Figure 1: ordered bars (plan x metric), error bars, PRE/SFT rules, a panel per prompt."
-    d = plots.position_chart(results, k=5, n_boot=50).to_dict()
+    d = charts.position_chart(results, k=5, n_boot=50).to_dict()
     assert d["facet"]["field"] == "template"
     layers = _layers(d)
     assert [_mark(l) for l in layers] == ["bar", "rule", "rule"]
@@ -86,7 +107,7 @@ def test_position_chart_spec(results):
 
 def test_other_chart_specs(results):
     "Figures 2-5: the right plans, marks, encodings and facets."
-    d2 = plots.movie_chart(results, templates="pool", n_boot=50).to_dict()
+    d2 = charts.movie_chart(results, templates="pool", n_boot=50).to_dict()
     assert "facet" not in d2 and _layers(d2)[0]["encoding"]["x"]["sort"] == [
         "FE",
         "LT",
@@ -96,23 +117,23 @@ def test_other_chart_specs(results):
         "M+LT",
         "FE+M+LT",
     ]
-    d3 = plots.component_chart(results, n_boot=50).to_dict()
+    d3 = charts.component_chart(results, n_boot=50).to_dict()
     assert d3["facet"]["row"]["field"] == "panel" and d3["facet"]["column"]["field"] == "variant"
     assert _layers(d3)[0]["encoding"]["xOffset"]["field"] == "layers"
     assert _layers(d3)[2]["encoding"]["strokeDash"]["sort"] == ["TASK", "RELATION", "FE+LT (all)"]
-    d4 = plots.depth_heatmap(results, n_boot=50).to_dict()
+    d4 = charts.depth_heatmap(results, n_boot=50).to_dict()
     assert [_mark(l) for l in _layers(d4)] == ["rect", "text"]
     assert d4["facet"]["column"]["field"] == "position"
     assert _layers(d4)[0]["encoding"]["y"]["sort"] == ["1st quarter", "2nd quarter", "3rd quarter", "4th quarter"]
-    d5 = plots.generation_chart(results, n_boot=50).to_dict()
+    d5 = charts.generation_chart(results, n_boot=50).to_dict()
     assert _layers(d5)[0]["encoding"]["color"]["scale"]["domain"] == ["top-1", "exact match"]
-    sel = plots.position_chart(results, templates="select", n_boot=20).to_dict()
+    sel = charts.position_chart(results, templates="select", n_boot=20).to_dict()
     assert sel["params"][0]["bind"]["input"] == "select"
 
 
 def test_save_chart_offline(results, tmp_path):
     "PNG, SVG and self-contained HTML are written (no CDN script), with no temporary files left."
-    paths = plots.save_chart(plots.depth_heatmap(results, n_boot=20), tmp_path / "depth")
+    paths = charts.save_chart(charts.depth_heatmap(results, n_boot=20), tmp_path / "depth")
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
     assert "<svg" in paths["svg"].read_text()[:500]
     html = paths["html"].read_text()
@@ -183,7 +204,7 @@ def test_figures_notebook(tmp_path, results):
     assert record["synthetic_data"] is False and len(record["runs"]) == 2
     assert "SYNTHETIC" not in (out / "positions.svg").read_text()
     # The table behind figure 1 is accuracy_table's, prompts pooled, from the finished runs only:
-    want = plots.accuracy_table(pos, k=5, by=["model", "dataset", "plan"], n_boot=200)
+    want = accuracy_table(pos, k=5, by=["model", "dataset", "plan"], n_boot=200)
     got = pd.read_csv(out / "positions.csv").set_index("plan")
     for plan in ["SFT", "(FE+LT)^C"]:
         acc = want[(want.plan == plan) & (want.metric == "top-1")].iloc[0]
@@ -242,13 +263,13 @@ def _movie_depth_family():
 
 def test_a_new_plan_family_is_one_edit():
     """Adding a family to dwg.science.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable by the
-    position stage, and a column of the depth figure; nothing in dwg.pipeline.sweep or dwg.science.plots changes."""
+    position stage, and a column of the depth figure; nothing in dwg.pipeline.sweep or dwg.science.charts changes."""
     with patch.dict(FAMILIES, movie_depth=_movie_depth_family):
         names = [f"M:ffn@{q}" for q in QUARTERS]
         assert plans.plan_groups()["movie_depth"] == names
         assert sweep.stage_plans(["movie_depth"], "graft_positions", "test") == names
         df = testing.synthetic_results(names + plans.figure_order("depth") + ["PRE", "SFT"], n_facts=6)
-        d = plots.depth_heatmap(df, n_boot=20).to_dict()
+        d = charts.depth_heatmap(df, n_boot=20).to_dict()
         assert d["facet"]["column"]["sort"] == ["graft at FE", "graft at LT", "graft at M"]
         drawn = pd.DataFrame(list(d["datasets"].values())[0])
         assert set(drawn[drawn.position == "graft at M"].plan) == set(names)
@@ -278,11 +299,11 @@ def sweep_runs(results):
 
 def _sweep_figures(df) -> dict:
     "Every figure the figures notebook draws from `df` (accuracy, recovery and, with several settings, the overview)."
-    tables = plots.paper_tables(df, n_boot=30)
-    figs = plots.paper_figures(df, n_boot=30, tables=tables, verbose=False)
-    figs.update(recovery.recovery_figures(recovery.recovery_table(df, n_boot=30), ""))
+    tables = paper_tables(df, n_boot=30)
+    figs = charts.paper_figures(df, n_boot=30, tables=tables, verbose=False)
+    figs.update(recovery_charts.recovery_figures(recovery.recovery_table(df, n_boot=30), ""))
     if tables["pooled"][["model", "dataset"]].drop_duplicates().shape[0] > 1:
-        figs["overview"] = plots.overview_chart(tables["pooled"])
+        figs["overview"] = charts.overview_chart(tables["pooled"])
     return figs
 
 
@@ -322,7 +343,7 @@ def test_position_figures_draw_the_position_run_only(sweep_runs):
     """Figures 1 and 5 draw one block (the position run): a methods run holding only the PRE/SFT references is not a
     position figure; bars and error bars sit in their plan's band; plans in order; both reference rules drawn."""
     figs = _sweep_figures(sweep_runs)
-    order = [plots.plan_label(p) for p in plans.figure_order("positions")]
+    order = [plan_label(p) for p in plans.figure_order("positions")]
     for name, metrics in [("positions", 2), ("positions_all_prompts", 2), ("generation", 2)]:
         spec = figs[name].to_dict()
         assert "vconcat" not in spec and "graft_methods" not in json.dumps(spec), f"{name}: the methods run is drawn"
@@ -341,11 +362,11 @@ def test_movie_figures_need_a_movie_plan(results):
     no_movie = pos[~pos.plan.isin(["M", "FE+M", "M+LT", "FE+M+LT"])]
     assert set(no_movie.plan) >= {"FE", "LT", "FE+LT"}
     with pytest.raises(ValueError, match="movie-span"):
-        plots.movie_chart(no_movie, templates="pool", n_boot=20)
+        charts.movie_chart(no_movie, templates="pool", n_boot=20)
     with pytest.raises(ValueError, match="movie_spans"):
-        recovery.recovery_bars(recovery.recovery_table(no_movie, n_boot=20), "movie_spans")
-    assert "movie_spans" not in plots.paper_figures(no_movie, n_boot=20, verbose=False)
-    assert "movie_spans" in plots.paper_figures(pos, n_boot=20, verbose=False)
+        recovery_charts.recovery_bars(recovery.recovery_table(no_movie, n_boot=20), "movie_spans")
+    assert "movie_spans" not in charts.paper_figures(no_movie, n_boot=20, verbose=False)
+    assert "movie_spans" in charts.paper_figures(pos, n_boot=20, verbose=False)
 
 
 def _templates_drawn(chart) -> set:
@@ -359,9 +380,9 @@ def test_movie_figure_has_no_panel_for_a_prompt_without_the_movie(results):
     pos = results[results.experiment == "positions"]
     movie = ["M", "FE+M", "M+LT", "FE+M+LT"]
     no_m = pos[~((pos.template == "relation_statement") & pos.plan.isin(movie))]
-    assert _templates_drawn(plots.movie_chart(pos, n_boot=20)) == {"relation_statement", "costar"}
-    assert _templates_drawn(plots.movie_chart(no_m, n_boot=20)) == {"costar"}
-    assert _templates_drawn(plots.position_chart(no_m, n_boot=20)) == {"relation_statement", "costar"}
+    assert _templates_drawn(charts.movie_chart(pos, n_boot=20)) == {"relation_statement", "costar"}
+    assert _templates_drawn(charts.movie_chart(no_m, n_boot=20)) == {"costar"}
+    assert _templates_drawn(charts.position_chart(no_m, n_boot=20)) == {"relation_statement", "costar"}
 
 
 def test_each_run_lays_out_its_own_categories(results):
@@ -373,11 +394,11 @@ def test_each_run_lays_out_its_own_categories(results):
         [pos[pos.plan.isin(few)].assign(dataset="setting-a"), pos.assign(dataset="setting-b")], ignore_index=True
     )
     for templates in ["facet", "pool"]:
-        chart = plots.position_chart(df, templates=templates, n_boot=30)
+        chart = charts.position_chart(df, templates=templates, n_boot=30)
         assert len(chart.to_dict()["vconcat"]) == 2
         panels = _check_reads("positions", chart)
         labels = {tuple(t for t, _ in p.x_labels) for p in panels}
-        assert labels == {tuple(few), tuple(plots.plan_label(p) for p in plans.figure_order("positions"))}
+        assert labels == {tuple(few), tuple(plan_label(p) for p in plans.figure_order("positions"))}
 
 
 def test_every_sweep_figure_reads(sweep_runs):
@@ -390,7 +411,8 @@ def test_every_sweep_figure_reads(sweep_runs):
 
 
 def test_localisation_heatmaps_read():
-    "The localisation heatmaps: one rect per cell inside its layer and role bands; a huge cell is clipped, not the scale."
+    """The localisation heatmaps: one rect per cell inside its layer and role bands; a huge cell is clipped, not the
+    scale."""
     rng = np.random.default_rng(0)
     rows = [
         dict(cell=f"{r}@{l}:{c}", role=r, layer=l, component=c, ig=float(rng.normal(0, 0.01)))
@@ -410,6 +432,6 @@ def test_localisation_heatmaps_read():
 
 def test_report_tables_hold_the_runs_of_their_own_plans(sweep_runs):
     "The tables behind figures 1 and 3 hold the runs that have their own plans: the methods run's PRE/SFT are not one."
-    rep = plots.report_tables(sweep_runs, n_boot=30)
+    rep = report_tables(sweep_runs, n_boot=30)
     assert "run_id" not in rep["positions"] and "run_id" not in rep["components"]  # one run each: no run column
     assert list(rep["positions"].plan) == plans.figure_order("positions")

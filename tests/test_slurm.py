@@ -1,5 +1,5 @@
-"""The Slurm backend (dwg.pipeline.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke sweep
-submitted with --slurm gives the same results as a local run, and a failing run is reported failed while the rest
+"""The Slurm backend (dwg.pipeline.slurm) on a real cluster (CI starts one with scripts/slurm/start_slurm.sh): the smoke
+sweep submitted with --slurm gives the same results as a local run, and a failing run is reported failed while the rest
 complete and its dependants are cancelled. Skipped where there is no `sbatch`."""
 
 import json

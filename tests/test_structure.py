@@ -9,9 +9,10 @@ import dwg
 
 PACKAGE = Path(dwg.__file__).parent
 # Wings, lowest first: a module may import its own wing's lower layers and any lower wing, never a higher one.
-# `runs` (atomic writes, JSONL, run records) sits beneath the science and the pipeline; the engine imports nothing of dwg.
+# `runs` (atomic writes, JSONL, run records) sits beneath the science and the pipeline; the engine imports nothing of
+# dwg.
 WINGS = {
-    "engine": [["arch"], ["lora"], ["prompts"], ["graft"], ["patch"], ["interpolate"]],
+    "engine": [["hooks", "cache"], ["arch"], ["lora"], ["prompts"], ["graft"], ["patch"], ["prefix"], ["interpolate"]],
     "runs": [["runs"]],
     "science": [
         ["data"],
@@ -19,12 +20,22 @@ WINGS = {
         ["models"],
         ["plans"],
         ["evaluate"],
-        ["localize"],
-        ["plots", "localize_plots"],
-        ["recovery"],
+        ["run", "localize"],
+        ["tables", "localize_plots"],
+        ["recovery", "charts"],
+        ["recovery_charts"],
         ["claims"],
     ],
-    "pipeline": [["config", "batches", "speed"], ["train"], ["sweep"], ["runner"], ["local", "slurm"], ["cli"]],
+    "pipeline": [
+        ["config", "batches", "speed", "locks"],
+        ["train"],
+        ["sweep"],
+        ["space"],
+        ["execute"],
+        ["status"],
+        ["local", "slurm"],
+        ["cli"],
+    ],
     "dev": [["coverage"], ["bench"], ["localize_bench"], ["testing"]],
 }
 WING_ORDER = list(WINGS)
@@ -118,12 +129,17 @@ def test_no_module_imports_another_modules_private_names():
 def test_import_check_can_fail():
     "The checkers see relative, absolute and in-function imports, and private names."
     tree = ast.parse(
-        "from .plots import x\nfrom ..engine.graft import _y\nimport dwg.pipeline.sweep\n"
+        "from .tables import x\nfrom ..engine.graft import _y\nimport dwg.pipeline.sweep\n"
         "def f():\n    from dwg.pipeline import cli\n"
     )
-    assert _dwg_imports("science.recovery", tree) == {"science.plots", "engine.graft", "pipeline.sweep", "pipeline.cli"}
+    assert _dwg_imports("science.recovery", tree) == {
+        "science.tables",
+        "engine.graft",
+        "pipeline.sweep",
+        "pipeline.cli",
+    }
     assert _private_imports("science.recovery", tree) == ["science.recovery imports engine.graft._y"]
-    assert RANK["pipeline.sweep"] > RANK["science.plots"] > RANK["runs"] > RANK["engine.graft"]
+    assert RANK["pipeline.sweep"] > RANK["science.tables"] > RANK["runs"] > RANK["engine.graft"]
 
 
 def _notebook_imports(name: str) -> str:

@@ -1,5 +1,6 @@
-"""The sweeps (dwg.pipeline.sweep, dwg.pipeline.runner, dwg.pipeline.local, dwg.pipeline.cli): expansion and ids, errors before anything runs, local runs with stand-in notebooks (reruns, failures,
-interruptions), and the smoke profile with the real experiment notebooks."""
+"""The sweeps (dwg.pipeline.sweep, .execute, .status, .local, .cli): expansion and ids, errors before anything runs,
+local runs with stand-in notebooks (reruns, failures, interruptions), and the smoke profile with the real experiment
+notebooks."""
 
 import json
 import os
@@ -14,7 +15,8 @@ import pytest
 import yaml
 from dwg.pipeline import sweep as sw
 from dwg.pipeline.config import profile_content
-from dwg.pipeline import runner
+from dwg.pipeline import execute, space
+from dwg.pipeline.status import format_status, status
 from dwg.runs import read_jsonl
 from dwg.dev.testing import standin_notebooks
 from _sweep_helpers import (
@@ -47,7 +49,8 @@ def test_profiles_expand_with_stable_ids(profile):
 
 
 def test_smoke_graph_shape():
-    "smoke = one dataset, task + relation models (the relation model is the SFT model), one run per grafting experiment, figures."
+    """smoke = one dataset, task + relation models (the relation model is the SFT model), one run per grafting
+    experiment, figures."""
     g = sw.expand("smoke")
     assert [r.stage for r in g] == [
         "datasets",
@@ -567,10 +570,10 @@ def test_interrupted_sweep_resumes(tmp_path, how):
             return done and part and (part[0].parent.parent / sw.PROGRESS).exists() and part[0]
 
         ck0 = _wait_for(mid_training)
-        st_mid = runner.status(rd)  # the running training, with the last progress line its notebook wrote
+        st_mid = status(rd)  # the running training, with the last progress line its notebook wrote
         running = [i for i in st_mid["models"] if i["state"] == "running"]
         assert len(running) == 1 and running[0]["progress"] in ("train step 1/3", "train step 2/3"), running
-        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in runner.format_status(st_mid)
+        assert f"RUNNING {running[0]['key']} ({running[0]['label']}): train step" in format_status(st_mid)
     finally:
         if how == "SIGKILL":
             proc.kill()
@@ -613,7 +616,8 @@ def smoke_runs_dir(tmp_path_factory):
 
 
 def test_smoke_profile_runs_locally(tmp_path_factory):
-    "The smoke profile (tiny model, tiny dataset, all plans, figures) runs locally end to end (its time is printed, not asserted)."
+    """The smoke profile (tiny model, tiny dataset, all plans, figures) runs locally end to end (its time is printed,
+    not asserted)."""
     rd = smoke_runs_dir(tmp_path_factory)
     shutil.rmtree(rd, ignore_errors=True)
     t0 = time.time()
@@ -632,7 +636,7 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
 
 
 def test_kernels_are_given_time_to_start(tmp_path, monkeypatch):
-    "A run's notebook kernel may take KERNEL_START_TIMEOUT to start (papermill's 60 s failed a run on a loaded machine)."
+    "A run's notebook kernel may take KERNEL_START_TIMEOUT to start (papermill's 60 s failed a run on a busy machine)."
     import papermill as pm
 
     nbs, sweep = standin_setup(tmp_path)
@@ -640,8 +644,8 @@ def test_kernels_are_given_time_to_start(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(pm, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
     p = dict(tmp=tmp_path, progress=tmp_path / "progress", notebook=tmp_path / "notebook.ipynb")
-    assert runner._execute(graph, sw.graph_runs(graph)[0], p, {}, progress=False) is None
-    assert seen["start_timeout"] == runner.KERNEL_START_TIMEOUT >= 300, seen
+    assert execute._execute(graph, sw.graph_runs(graph)[0], p, {}, progress=False) is None
+    assert seen["start_timeout"] == execute.KERNEL_START_TIMEOUT >= 300, seen
 
 
 # --- free space, full disks, one sweep per runs directory ----------------------------------------------------------
@@ -652,7 +656,7 @@ def test_too_little_space_stops_before_the_first_run(tmp_path, monkeypatch, caps
 
     nbs, sweep = standin_setup(tmp_path)
     rd = tmp_path / "runs"
-    monkeypatch.setattr(runner, "free_space", lambda path: 30_000_000)
+    monkeypatch.setattr(space, "free_space", lambda path: 30_000_000)
     args = ["run", "--sweep", str(sweep), "--runs", str(rd), "--notebooks", str(nbs), "--no-progress"]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
@@ -669,16 +673,16 @@ def test_each_run_checks_the_space_in_its_job(tmp_path, monkeypatch, capsys):
     nbs, sweep = standin_setup(tmp_path)
     rd = tmp_path / "runs"
     graph = sw.make_graph(str(sweep), rd, nbs)
-    graph["space"] = runner.estimate_runs(graph, sw.graph_runs(graph))
+    graph["space"] = space.estimate_runs(graph, sw.graph_runs(graph))
     path = sw.save_graph(graph)
     first = sw.graph_runs(graph)[0]
-    monkeypatch.setattr(runner, "free_space", lambda path: 1_000_000)
-    assert runner.run_from_graph(path, first.key) == 1
+    monkeypatch.setattr(space, "free_space", lambda path: 1_000_000)
+    assert execute.run_from_graph(path, first.key) == 1
     assert (
         f"{first.key}: failed: NoSpace: this run needs about 5.0 MB (datasets), 1.0 MB is free"
         in capsys.readouterr().out
     )
-    item = next(i for i in runner.status(rd)["datasets"] if i["key"] == first.key)
+    item = next(i for i in status(rd)["datasets"] if i["key"] == first.key)
     assert item["state"] == "failed" and item["error"].startswith("NoSpace: this run needs about 5.0 MB"), item
 
 

@@ -1,4 +1,5 @@
-"Fine-tuning (dwg.pipeline.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before training."
+"""Fine-tuning (dwg.pipeline.train): a tiny model learns, runs resume and finish atomically, bad inputs fail before
+training."""
 
 import json
 import os
@@ -101,7 +102,7 @@ def test_deterministic_for_a_seed(ds, tmp_path):
 
 
 def test_reusing_freed_memory_trains_the_same_weights(ds, tmp_path, monkeypatch):
-    "Training inside `reusing_freed_memory` (the profile's `reuse_freed_memory`) or outside it gives bit-identical weights."
+    "Training inside `reusing_freed_memory` (the profile's `reuse_freed_memory`) or outside it: bit-identical weights."
     seen, real = [], T.reusing_freed_memory
     monkeypatch.setattr(T, "reusing_freed_memory", lambda on=True: seen.append(on) or real(on))
     kw = dict(seed=3, **TINY)
@@ -197,7 +198,8 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
         (
             dict(overrides=dict(learning_rat=1e-3)),
             ValueError,
-            r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\).*Valid keys: description, learning_rate",
+            r"Unknown training setting\(s\) 'learning_rat' \(did you mean 'learning_rate'\?\)"
+            r".*Valid keys: description, learning_rate",
         ),
         (dict(overrides=dict(epochs="lots")), ValueError, "'epochs' in the overrides must be float"),
         (dict(overrides=dict(precision="fp8")), ValueError, "choose one of: auto, bf16, fp16, fp32"),

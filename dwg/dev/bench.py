@@ -25,6 +25,7 @@ from ..engine.lora import as_donor, read_adapter
 from ..science import evaluate
 from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from ..engine import patch as patch_module
+from ..engine import prefix
 from ..engine.patch import patch
 from ..runs import reusing_freed_memory
 from ..pipeline.speed import matmul_rate, matmul_shape
@@ -44,17 +45,15 @@ def _rss_mb() -> float:
 
 
 def _reset_peak():
-    """Start the peak reading afresh (Linux): ru_maxrss keeps the peak of all earlier work in the process, even of the
-    process that forked it (a test run after a SmolLM2 load read every peak below it as 0)."""
+    "Start the peak reading afresh (Linux): ru_maxrss keeps the peak of all earlier work, even of the parent process."
     try:
         open("/proc/self/clear_refs", "w").write("5")
     except OSError:
         pass
 
-
+# %% ../../nbs/07_bench.ipynb #dede5ab9x2
 def _median_times(fns: dict, repeat: int = 7) -> dict:
-    """Median wall time of each function, the functions interleaved (one warm-up each) so drifting load hits all alike,
-    their order rotated every round, so that no function always runs right after the same other one."""
+    "Median wall time of each function, the functions interleaved (one warm-up each) and their order rotated."
     for fn in fns.values():
         fn()
     times, names = {k: [] for k in fns}, list(fns)
@@ -65,7 +64,7 @@ def _median_times(fns: dict, repeat: int = 7) -> dict:
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
-
+# %% ../../nbs/07_bench.ipynb #dede5ab9n3
 def _load_code(checkpoint) -> None:
     "Import what loading `checkpoint` imports (its model class on the meta device, its tokenizer), without weights."
     with torch.device("meta"):
@@ -105,7 +104,7 @@ def bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
     template = "relation_statement" if any(e["template"] == "relation_statement" for e in exs) else exs[0]["template"]
     return [e for e in exs if e["template"] == template], template
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn8
 def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list) -> tuple:
     "Time grafted and plain forwards, padded and unpadded, interleaved; returns the (plain, engine) functions."
     real = prep["batch"]["attention_mask"].bool()
@@ -135,7 +134,7 @@ def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list)
     res["unpadded_shape"] = f"{len(real)} x {width}"
     return plain, engine
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn10
 def _time_patching(res: dict, base, donor, prep: dict, masks: list, plain):
     "An activation-patched forward (every layer's residual stream at the masked positions) against donor + plain."
 
@@ -144,28 +143,23 @@ def _time_patching(res: dict, base, donor, prep: dict, masks: list, plain):
             return last_logits(base, prep["batch"])
 
     t = _median_times(dict(plain=plain, patched=patched, donor=lambda: last_logits(donor, prep["batch"])))
-    res["patched_forward_s"], res["donor_forward_s"], res["plain_forward_s_patch_round"] = (
-        t["patched"],
-        t["donor"],
-        t["plain"],
-    )  # the plain forward timed in this round, interleaved with these two
+    res["patched_forward_s"] = t["patched"]
+    res["donor_forward_s"] = t["donor"]
+    # the plain forward timed in this round, interleaved with these two
+    res["plain_forward_s_patch_round"] = t["plain"]
     res["patched_over_donor_plus_plain"] = t["patched"] / (t["donor"] + t["plain"])
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn12
 def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine, n_original: int):
     "The original algorithm on `n_original` examples against the engine and a plain forward on their batch."
     fast, maxdp, slow_s, fast_s, plain_s = engine().softmax(-1), 0.0, [], [], []
     for i in range(n_original):
         pad = prep["pads"][i]
         ids = prep["batch"]["input_ids"][i, pad:]
-        for fn, times in (
-            (
-                lambda: reference_last_logits(base, [(don, masks[0][i, pad:], "all", "all")], ids, copy_per_token=True),
-                slow_s,
-            ),
-            (engine, fast_s),
-            (plain, plain_s),
-        ):
+        original = lambda: reference_last_logits(
+            base, [(don, masks[0][i, pad:], "all", "all")], ids, copy_per_token=True
+        )
+        for fn, times in ((original, slow_s), (engine, fast_s), (plain, plain_s)):
             t = time.perf_counter()
             out = fn()
             times.append(time.perf_counter() - t)
@@ -187,9 +181,9 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     ids = prep["batch"]["input_ids"][:n_original].tolist()
     res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep["pads"]))
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn14
 def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: float):
-    "The graft from a LoRA adapter (no second model): timed against a plain forward, then the peak memory; returns its forward."
+    "The graft from a LoRA adapter (no second model), timed against a plain forward, then its peak memory; its forward."
     adapter, part = read_adapter(lora), {}
     res["lora_adapter_mb"] = (
         sum(t.numel() * t.element_size() for d in adapter.deltas.values() for t in (d.A, d.B)) / 2**20
@@ -212,7 +206,7 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
         want = last_logits(base, prep["batch"])
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn16
 class _CopiedAtOnce(patch_module._SharedCache):
     "A donor's KV cache copied for each patching context as it is handed out (not when a generation continues it)."
 
@@ -224,22 +218,15 @@ def _as_before(way: str):
     "The change that `way` undoes: rows leave the batch at their target's end; the donor records all sites at once."
     stack = ExitStack()
     if way == "every_row":
-        stack.enter_context(mock.patch.object(evaluate, "_cache_rows", lambda cache, keep: None))
+        stack.enter_context(mock.patch.object(prefix, "cache_rows", lambda cache, keep: None))
     if way == "donor_per_site":  # each patching plan records the sites it needs; each copies the donor's cache
         stack.enter_context(mock.patch.object(evaluate, "patched_sites", lambda plans, models, seed=0: {}))
         stack.enter_context(mock.patch.object(patch_module, "_SharedCache", _CopiedAtOnce))
     return stack
 
-
-def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int, generate: str = ""):
-    """A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, three ways timed twice
-    each, interleaved, the faster kept: chunks in the given order with every layer run, against the default (chunks
-    of like lengths, lower layers replayed, shared heads, freed memory reused as `run_grafting` does), and the default
-    with freed memory returned to the system; the largest probability difference between the first two.
-    The donor also plays the relation model and the base the task model (the component and hybrid plans).
-    `generate` (plan groups): those plans also decode whole names, and a way decodes every row of a chunk to its
-    longest target (as before rows left the batch at their own target's end). Patching plans: a way records the donor
-    once per site set and copies its cache for each plan (as before one recording served them all)."""
+# %% ../../nbs/07_bench.ipynb #0d36556bn18
+def _stage_inputs(models: dict, workdir: str, stage: str, n_facts: int, generate: str) -> tuple:
+    "The stage's prompts (the paper's, of `n_facts` facts), facts, models, plans and decoding settings."
     exs = [e for e in load_split(f"{workdir}/ds", "eval") if e["template"] in PAPER_EVAL_TEMPLATES]
     facts = sorted({e["fact_id"] for e in exs})[:n_facts]
     exs = [e for e in exs if e["fact_id"] in facts]
@@ -254,14 +241,23 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
         if generate
         else {}
     )
+    return exs, facts, models, plans, gen
+
+
+def _stage_ways(plans: list, gen: dict) -> dict:
+    "The ways a stage is run: name -> (`evaluate_plans` settings, whether freed memory is reused)."
     old = dict(by_length=False, replay_layers=False, share_heads=False)
-    ways = dict(
+    return dict(
         before=(old, False),
         now=({}, True),
         memory_returned=({}, False),
         **({"every_row": ({}, True)} if gen else {}),
         **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}),
     )
+
+
+def _time_ways(ways: dict, plans: list, models: dict, tok, exs: list, batch: int, gen: dict) -> tuple:
+    "Each way's rows and its two timings, the ways interleaved."
     rows, times = {}, {k: [] for k in ways}
     for _ in range(2):
         for way, (kw, reuse) in ways.items():
@@ -269,6 +265,11 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
             with reusing_freed_memory(reuse), _as_before(way):
                 rows[way] = evaluate_plans(plans, models, tok, exs, batch_size=batch, progress=False, **kw, **gen)
             times[way].append(time.perf_counter() - t)
+    return rows, times
+
+# %% ../../nbs/07_bench.ipynb #0d36556bn20
+def _stage_results(res: dict, rows: dict, times: dict, ways: dict, gen: dict):
+    "Each way's time (the faster of two) and speed-up against the default, and whether its rows are the default's."
     if gen:
         res["stage_every_row_s"] = min(times["every_row"])
         res["stage_own_length_speedup"] = res["stage_every_row_s"] / min(times["now"])
@@ -277,6 +278,14 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
         res["stage_donor_per_site_s"] = min(times["donor_per_site"])
         res["stage_donor_once_speedup"] = res["stage_donor_per_site_s"] / min(times["now"])
         res["stage_donor_once_same_rows"] = rows["donor_per_site"] == rows["now"]
+
+
+def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts: int, batch: int, generate: str = ""):
+    "A grafting stage's plans on the paper's prompts of `n_facts` facts, in chunks of `batch`, each way timed twice."
+    exs, facts, models, plans, gen = _stage_inputs(models, workdir, stage, n_facts, generate)
+    ways = _stage_ways(plans, gen)
+    rows, times = _time_ways(ways, plans, models, tok, exs, batch, gen)
+    _stage_results(res, rows, times, ways, gen)
     res["stage_size"] = f"{stage}: {len(plans)} plans x {len(exs)} prompts ({len(facts)} facts), chunks of {batch}"
     res["stage_before_s"], res["stage_now_s"] = min(times["before"]), min(times["now"])
     res["stage_speedup"] = res["stage_before_s"] / res["stage_now_s"]
@@ -292,11 +301,9 @@ def _time_stage(res: dict, models: dict, tok, workdir: str, stage: str, n_facts:
         matmul_shape(models["pretrained"].config),
     )
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn22
 def _stage_share(res: dict, run, shape: dict, readings: int = 5):
-    """How near the stage's default way comes to this CPU's matrix-multiply rate: the FLOPs of one `run` (torch's FLOP
-    counter: matrix products, and attention where torch counts it) at the median of `readings` of the rate at the
-    model's `shape` (`matmul_shape`: one hidden x intermediate product), against its timed seconds."""
+    "How near the stage's default way comes to this CPU's matrix-multiply rate: the FLOPs of one `run` at that rate."
     with FlopCounterMode(display=False) as counter:
         run()
     flops, rate = counter.get_total_flops(), statistics.median(matmul_rate(**shape) for _ in range(readings))
@@ -304,9 +311,9 @@ def _stage_share(res: dict, run, shape: dict, readings: int = 5):
     res["stage_at_matmul_rate_s"] = flops / rate
     res["stage_share_of_matmul_rate"] = res["stage_at_matmul_rate_s"] / res["stage_now_s"]
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn24
 def _standin(kind: str, model: str, out: str) -> str:
-    "Make a stand-in donor or adapter in a child process (so that making it does not count in this process's peak memory)."
+    "Make a stand-in donor or adapter in a child process (so that it does not count in this process's peak memory)."
     code = f"from dwg.dev.bench import make_standin_{kind}; make_standin_{kind}({model!r}, {out!r})"
     subprocess.run([sys.executable, "-c", code], check=True)
     return out
@@ -325,11 +332,10 @@ def run_benchmark(
     stage_generate: str = "",
     workdir: str | None = None,
 ) -> dict:
-    "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft); return the numbers."
+    "Measure the engine against the original algorithm and a plain forward (and a LoRA donor's graft): the numbers."
     workdir = workdir or tempfile.mkdtemp()
-    donor = str(
-        checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor"))
-    )  # a sweep's run directory works too
+    # a sweep's run directory works too
+    donor = str(checkpoint_dir(donor or _standin("donor", model, f"{workdir}/donor")))
     lora = None if lora == "none" else _standin("adapter", model, f"{workdir}/adapter") if lora == "standin" else lora
     res = dict(model=model, donor=donor, lora=lora, batch=batch, threads=torch.get_num_threads())
     _load_code(donor)  # the footprint of the code and tokenizer, so that what comes next is the models and the work
@@ -355,9 +361,8 @@ def run_benchmark(
     _time_original(res, base, don, prep, masks, plain, engine, n_original)
     sweep_plans, sweep_exs = plan_groups()["position"], exs[:n_facts]
     t = time.perf_counter()
-    evaluate_plans(
-        sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS
-    )  # M plans: skipped rows
+    # M plans: skipped rows
+    evaluate_plans(sweep_plans, models, tok, sweep_exs, batch_size=batch, progress=False, roles=FIELDS)
     res["position_sweep_s"] = time.perf_counter() - t
     res["position_sweep_size"] = f"{len(sweep_plans)} plans x {len(sweep_exs)} facts x 1 prompt ({template})"
     if stage_facts:
@@ -367,7 +372,7 @@ def run_benchmark(
         _lora_vs_merged(res, base, lora, plan, prep, masks, lora_engine)
     return res
 
-
+# %% ../../nbs/07_bench.ipynb #0d36556bn29
 _OPTION_HELP = dict(
     model="the base model (a name dwg.science.models.load knows)",
     donor="the donor checkpoint, e.g. a sweep's relation model runs/embedded/models/<id>; default: a stand-in made "

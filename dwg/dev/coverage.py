@@ -17,13 +17,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from ..engine.arch import unsupported_reason
 from ..engine.graft import graft, graftable, resolve_components
 from ..engine.arch import architecture
+from ..engine.cache import cache_kwargs, output_cache
 
 # %% auto #0
 __all__ = ['TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'REFERENCE_PARAMS', 'DEFINITIONS_DIFFER',
            'causal_lm_types', 'tiny_config', 'tiny_random', 'perturbed', 'layer_prefix', 'reference_last_logits',
            'checked_components', 'check_family', 'markdown_table', 'main']
 
-# %% ../../nbs/02c_coverage.ipynb #21b8931e
+# %% ../../nbs/02c_coverage.ipynb #aee4ddb3
 TINY_SIZES = dict(
     vocab_size=97,
     hidden_size=64,
@@ -39,8 +40,10 @@ TINY_SIZES = dict(
     num_experts_per_tok=2,
     moe_intermediate_size=32,
 )
-TINY_WINDOW = 4  # sliding-window attention, for the families whose config has one: shorter than the checked sequences
-TINY_OVERRIDES = {  # family -> extra config values where the common sizes are not enough
+# sliding-window attention, for the families whose config has one: shorter than the checked sequences
+TINY_WINDOW = 4
+# family -> extra config values where the common sizes are not enough
+TINY_OVERRIDES = {
     "deepseek_v2": dict(
         head_dim=8,
         n_routed_experts=4,
@@ -65,9 +68,12 @@ TINY_OVERRIDES = {  # family -> extra config values where the common sizes are n
         attn_config=dict(kv_n_heads=2, rope_theta=10000.0),
     ),
 }
+
+# %% ../../nbs/02c_coverage.ipynb #0fc5121a
 TINY_OVERRIDES["deepseek_v3"] = TINY_OVERRIDES["glm4_moe_lite"] = TINY_OVERRIDES["deepseek_v2"]
 _TEXT = {k: v for k, v in TINY_SIZES.items() if "expert" not in k}
-TINY_OVERRIDES["gemma3"] = dict(  # the multimodal model: a tiny vision tower beside the tiny text model
+# the multimodal model: a tiny vision tower beside the tiny text model
+TINY_OVERRIDES["gemma3"] = dict(
     text_config=dict(_TEXT, sliding_window=4),
     mm_tokens_per_image=4,
     image_token_index=96,
@@ -77,11 +83,12 @@ TINY_OVERRIDES["gemma3"] = dict(  # the multimodal model: a tiny vision tower be
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
     ),
 )
-TINY_OVERRIDES["lfm2"] = dict(full_attn_idxs=[1])  # its convolution layers too, not attention alone
+# its convolution layers too, not attention alone
+TINY_OVERRIDES["lfm2"] = dict(full_attn_idxs=[1])
 TINY_OVERRIDES["gemma4_text"] = dict(vocab_size_per_layer_input=97, hidden_size_per_layer_input=8, global_head_dim=16)
 MAX_TINY_PARAMS = 3_000_000
 
-
+# %% ../../nbs/02c_coverage.ipynb #f2248b9d
 def causal_lm_types() -> list[str]:
     "Every causal-LM model type of the installed transformers."
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -96,8 +103,8 @@ def tiny_config(model_type: str, **overrides):
 
 
 def tiny_random(model_type: str, seed: int = 0, **overrides):
-    """A tiny random model of `model_type` in eval mode (with config `overrides`), or a clear error if its config does not
-    take the tiny sizes (checked without the overrides: a real vocabulary alone is larger)."""
+    """A tiny random model of `model_type` in eval mode (with config `overrides`), or a clear error if its config does
+    not take the tiny sizes (checked without the overrides: a real vocabulary alone is larger)."""
     with torch.device("meta"):
         n = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
     cfg = tiny_config(model_type, **overrides)
@@ -110,16 +117,17 @@ def tiny_random(model_type: str, seed: int = 0, **overrides):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
-
+# %% ../../nbs/02c_coverage.ipynb #6b42906f
 def perturbed(model, seed: int = 1, scale: float = 0.3):
     "A copy of `model` with every parameter changed (norm weights and biases too), standing in for a fine-tune."
     donor, g = copy.deepcopy(model), torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in donor.parameters():  # norm weights and biases: random initialisation leaves them equal across seeds
+        # norm weights and biases: random initialisation leaves them equal across seeds
+        for p in donor.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale * (p.std().item() if p.dim() > 1 else 1.0))
     return donor
 
-# %% ../../nbs/02c_coverage.ipynb #9103ba8a
+# %% ../../nbs/02c_coverage.ipynb #22586abc
 _LLAMA_PARTS = dict(
     q="self_attn.q_proj",
     k="self_attn.k_proj",
@@ -130,13 +138,19 @@ _LLAMA_PARTS = dict(
     down="mlp.down_proj",
 )
 _LLAMA_MODEL = dict(embed="model.embed_tokens", ln_final="model.norm", lm_head="lm_head")
-REFERENCE_PARAMS = {  # model type -> the modules (global, or `parts` in a layer) whose parameters each canonical name owns
+
+# %% ../../nbs/02c_coverage.ipynb #dd4e9c4d
+# model type -> the modules (global, or `parts` in a layer) whose parameters each canonical name owns: the families
+# built like Llama
+_LLAMA_FAMILY = {
     "llama": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
     "gemma": dict(**_LLAMA_MODEL, parts=dict(**_LLAMA_PARTS, ln1="input_layernorm", ln2="post_attention_layernorm")),
-    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),  # OLMo 1's layer norms have no weights
+    # OLMo 1's layer norms have no weights
+    "olmo": dict(**_LLAMA_MODEL, parts=dict(_LLAMA_PARTS)),
+    # pre- and post-norms around both blocks
     "gemma2": dict(
         **_LLAMA_MODEL,
-        parts=dict(  # pre- and post-norms around both blocks
+        parts=dict(
             **_LLAMA_PARTS,
             ln1="input_layernorm",
             ln_post_attn="post_attention_layernorm",
@@ -144,9 +158,10 @@ REFERENCE_PARAMS = {  # model type -> the modules (global, or `parts` in a layer
             ln_post_ffn="post_feedforward_layernorm",
         ),
     ),
+    # norms on the blocks' outputs, and on queries and keys
     "olmo2": dict(
         **_LLAMA_MODEL,
-        parts=dict(  # norms on the blocks' outputs, and on queries and keys
+        parts=dict(
             **_LLAMA_PARTS,
             ln1="post_attention_layernorm",
             ln2="post_feedforward_layernorm",
@@ -154,6 +169,12 @@ REFERENCE_PARAMS = {  # model type -> the modules (global, or `parts` in a layer
             k_norm="self_attn.k_norm",
         ),
     ),
+}
+
+# %% ../../nbs/02c_coverage.ipynb #b8d4f0a2
+# ... and the families with fused projections
+REFERENCE_PARAMS = {
+    **_LLAMA_FAMILY,
     "gpt2": dict(
         embed="transformer.wte",
         pos_embed="transformer.wpe",
@@ -187,9 +208,12 @@ REFERENCE_PARAMS = {  # model type -> the modules (global, or `parts` in a layer
         ),
     ),
 }
+
+# %% ../../nbs/02c_coverage.ipynb #a1067274
 _REFERENCE_GROUPS = {"attn": ("q", "k", "v", "o"), "ffn": ("gate", "up", "down")}
 _GLOBAL = ("embed", "pos_embed", "ln_final", "lm_head")
-_EXPERT = re.compile(r"(.+)\.(\d+)")  # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+# 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
+_EXPERT = re.compile(r"(.+)\.(\d+)")
 
 
 def layer_prefix(model) -> str:
@@ -216,7 +240,7 @@ def _expanded(model, components) -> list[str]:
         n for c in names for n in ([p for p in _REFERENCE_GROUPS[c] if p in parts] if c in _REFERENCE_GROUPS else [c])
     ]
 
-
+# %% ../../nbs/02c_coverage.ipynb #6043f73d
 def _modules_of(model, comp: str, layers: list[int], prefix: str) -> list[tuple[str, object]]:
     """(module path, which values of its parameters: None for all, a fused part, or ('expert', E)) that component
     `comp` names: a name of `REFERENCE_PARAMS`, `embed` / `lm_head`, a module path in a layer, or `PATH.E`."""
@@ -237,7 +261,8 @@ def _modules_of(model, comp: str, layers: list[int], prefix: str) -> list[tuple[
 
 
 def _graft_targets(model, graft: tuple, prefix: str, owners: dict, exclude: set) -> list[tuple[list, object]]:
-    "(parameter names, which values) that one graft (donor, mask, layers, components) swaps; an error if a component names none."
+    """(parameter names, which values) that one graft (donor, mask, layers, components) swaps; an error if a component
+    names none."""
     _, _, layers, comps = graft
     n = model.config.get_text_config().num_hidden_layers
     idx = range(n) if layers == "all" else sorted({i % n for i in ([layers] if isinstance(layers, int) else layers)})
@@ -256,7 +281,7 @@ def _graft_targets(model, graft: tuple, prefix: str, owners: dict, exclude: set)
         out += found
     return out
 
-# %% ../../nbs/02c_coverage.ipynb #259187b5
+# %% ../../nbs/02c_coverage.ipynb #50c731b0
 def _part_rows(n_out: int, part: tuple, n_heads: int) -> torch.Tensor:
     "Output indices of a fused projection that belong to `part` (('thirds', i) or ('head_thirds', i))."
     kind, i = part
@@ -267,7 +292,8 @@ def _part_rows(n_out: int, part: tuple, n_heads: int) -> torch.Tensor:
 
 
 def _taken(model, mine: torch.Tensor, theirs: torch.Tensor, what) -> torch.Tensor | None:
-    "`mine` with the donor's values `theirs` where `what` says (None: all; a fused part: its rows; ('expert', E)), or None."
+    """`mine` with the donor's values `theirs` where `what` says (None: all; a fused part: its rows; ('expert', E)), or
+    None."""
     if what is None:
         return theirs
     if what[0] == "expert":
@@ -277,7 +303,8 @@ def _taken(model, mine: torch.Tensor, theirs: torch.Tensor, what) -> torch.Tenso
         out[what[1]] = theirs[what[1]]
         return out
     conv1d = REFERENCE_PARAMS.get(model.config.model_type, {}).get("conv1d", False)
-    dim = 1 if conv1d and mine.dim() == 2 else 0  # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
+    # GPT-2's Conv1D weight is (in, out), a Linear's (out, in)
+    dim = 1 if conv1d and mine.dim() == 2 else 0
     rows = _part_rows(mine.shape[dim], what, model.config.get_text_config().num_attention_heads)
     return mine.index_copy(dim, rows, theirs.index_select(dim, rows))
 
@@ -303,7 +330,7 @@ def _slots(model) -> dict:
         for n, _ in model.named_parameters(remove_duplicate=False)
     }
 
-
+# %% ../../nbs/02c_coverage.ipynb #b99778e5
 @torch.no_grad()
 def reference_last_logits(
     recipient, grafts: list, input_ids: torch.Tensor, exclude: set = frozenset(), copy_per_token: bool = False
@@ -326,17 +353,17 @@ def reference_last_logits(
             module._parameters[leaf] = p
         kw = dict(
             input_ids=input_ids[None, t : t + 1],
-            past_key_values=cache,
+            **cache_kwargs(hybrid, cache),
             use_cache=True,
             attention_mask=torch.ones(1, t + 1, dtype=torch.long),
         )
         if takes_positions:
             kw["position_ids"] = torch.tensor([[t]])
         out = hybrid(**kw)
-        cache = out.past_key_values
+        cache = output_cache(out)
     return out.logits[0, -1].float()
 
-# %% ../../nbs/02c_coverage.ipynb #b8ede1a0
+# %% ../../nbs/02c_coverage.ipynb #ed0ad940
 def _uncovered(model) -> set[str]:
     "Parameter names that no component covers (e.g. GPT-OSS's attention sinks, a parameter of the attention itself)."
     covered = {
@@ -345,7 +372,8 @@ def _uncovered(model) -> set[str]:
     return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) not in covered}
 
 
-DEFINITIONS_DIFFER = {  # module name -> why the engine and the token-by-token definition of grafting differ there
+# module name -> why the engine and the token-by-token definition of grafting differ there
+DEFINITIONS_DIFFER = {
     "kv_b_proj": "multi-head latent attention caches the compressed keys and values and expands every cached position "
     "with kv_b_proj at each step, so token-by-token weight swapping would expand earlier positions with "
     "the current token's weights; the engine grafts it per position (position i's keys and values from "
@@ -374,7 +402,7 @@ def checked_components(model) -> list:
     together = [c for c in resolve_components(model, "all") if c not in skip]
     return [*(p for p in arch["modules"] if p not in skip), *experts, *ends, together]
 
-
+# %% ../../nbs/02c_coverage.ipynb #a544b9ed
 def _difference(model, donor, comp, ids: torch.Tensor, mask: torch.Tensor, exclude: set) -> tuple[float, float]:
     "Max |dp| and |dlog p| between the engine and the reference for one component (a list: all together)."
     with torch.no_grad(), graft(model, donor, mask, layers="all", components=comp):
@@ -403,7 +431,7 @@ def check_family(model_type: str, seq: int = 6, seed: int = 0) -> dict:
     ids = torch.randint(1, model.config.get_text_config().vocab_size, (2, seq), generator=g)
     mask = torch.rand(2, seq, generator=g) < 0.5
     mask[0, -1], mask[1, -1] = True, False
-    if not hasattr(model(input_ids=ids[:, :1]), "past_key_values"):
+    if output_cache(model(input_ids=ids[:, :1])) is None:
         return dict(
             row, status="not checked", reason="the model keeps no KV cache, which the token-by-token reference needs"
         )
@@ -433,7 +461,7 @@ def check_family(model_type: str, seq: int = 6, seed: int = 0) -> dict:
         seconds=round(time.perf_counter() - t0, 2),
     )
 
-# %% ../../nbs/02c_coverage.ipynb #ef8b84d9
+# %% ../../nbs/02c_coverage.ipynb #b8a07053
 def _components_cell(row: dict) -> str:
     "The canonical components a family has, its expert count, and the parameters no component covers."
     text = ", ".join(row["canonical"]) or "(paths only)"
@@ -458,7 +486,7 @@ def markdown_table(rows: list[dict]) -> str:
             lines.append(f"| {r['model_type']} | {r['status']}: {r['reason'].replace('|', '/')} | |")
     return "\n".join(lines)
 
-
+# %% ../../nbs/02c_coverage.ipynb #81d7987b
 def _timed_check(model_type: str, limit: int) -> dict:
     "`check_family`, given up after `limit` seconds (a family whose tiny model is not tiny)."
 
@@ -498,7 +526,7 @@ def main(argv=None):
     print(markdown_table(rows))
     return rows
 
-# %% ../../nbs/02c_coverage.ipynb #93c24e69
+# %% ../../nbs/02c_coverage.ipynb #3a806529
 #| eval: false
 if __name__ == "__main__":
     main()

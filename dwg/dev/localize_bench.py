@@ -24,9 +24,7 @@ def _model_gradient(model, prep: dict):
 
 
 def _paired(fns: dict, plain, repeat: int) -> dict:
-    """Seconds of each of `fns` (name -> list of calls) and their cost in plain forwards: each call is timed between two
-    plain forwards and compared with their mean, so a noisy machine's drift cancels; each plain forward is the second of
-    two in a row (the first, just after heavier work, pays for memory handed back); medians of `repeat` rounds."""
+    "Seconds of each of `fns` (name -> list of calls) and their cost in plain forwards: medians of `repeat` rounds."
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # a GPU's work, not its launches
 
     def timed(f):
@@ -52,7 +50,7 @@ def _paired(fns: dict, plain, repeat: int) -> dict:
     med = lambda v: sorted(v)[len(v) // 2]
     return dict(seconds={k: med(v) for k, v in secs.items()}, over_plain={k: med(v) for k, v in ratios.items()})
 
-
+# %% ../../nbs/03b_localize_bench.ipynb #b005x2
 def benchmark(
     recipient,
     donor,
@@ -63,9 +61,7 @@ def benchmark(
     repeat: int = 5,
     **grid_kw,
 ) -> dict:
-    """Cost on one batch, in plain forwards of the recipient (no gradient): attribution at 0, at 1, per integrated-gradient
-    step (`steps` points), and the model's own gradient (what any gradient pays); the per-run setup (weight differences)
-    apart."""
+    "Cost of attribution on one batch, in plain forwards of the recipient (no gradient); the per-run setup apart."
     grid = grid or Grid(recipient, **grid_kw)
     prep = prepare(tokenizer, examples, recipient.device)
     started = time.perf_counter()
@@ -112,10 +108,11 @@ def benchmark(
 
 # %% ../../nbs/03b_localize_bench.ipynb #b008
 def _bench_cli(argv=None) -> dict:
-    """`python -m dwg.dev.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor checkpoint
-    (`--donor`; without, the model with its weights perturbed)."""
+    """`python -m dwg.dev.localize_bench`: the cost benchmark on the embedded model (or `--model`) with a donor
+    checkpoint (`--donor`; without, the model with its weights perturbed)."""
     import argparse
     import json
+    import tempfile
     from dwg.science.models import load
     from dwg.dev.coverage import perturbed
 
@@ -127,8 +124,6 @@ def _bench_cli(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
-    import tempfile
-
     exs = bench_examples(a.workdir or tempfile.mkdtemp(), a.batch)[0][: a.batch]
     rec, tok = load(a.model)
     don = load(a.donor)[0] if a.donor else perturbed(rec, scale=0.05)

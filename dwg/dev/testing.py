@@ -19,7 +19,8 @@ __all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'demo_
            'synthetic_paper_results']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
-STANDIN_PARAMETERS = {  # the parameters cell of each stand-in: the same names as the real experiment notebook's
+# the parameters cell of each stand-in: the same names as the real experiment notebook's
+STANDIN_PARAMETERS = {
     "create_dataset": 'kind = "fake_movies_fake_actors"\nn_facts = 4\nseed = 0\nout_dir = ""',
     "train": (
         'model = "tiny-llama"\ndataset_dir = ""\ndirection = "all"\nsplit = "all"\nconfig = "tiny"\n'
@@ -47,6 +48,7 @@ STANDIN_PARAMETERS = {  # the parameters cell of each stand-in: the same names a
     "figures": 'runs_dir = ""\ninclude = "all"\nk = 5\nout_dir = ""',
 }
 
+# %% ../../nbs/09_testing.ipynb #0d6b44d0x1
 _STANDIN_SETUP = """\
 import hashlib, json, os, time, tempfile
 from pathlib import Path
@@ -89,6 +91,7 @@ def grafting_results(*models, prob=None):
     finish(rows=len(rows))
 """
 
+# %% ../../nbs/09_testing.ipynb #0d6b44d0n2
 _STANDIN_BODY = {
     "create_dataset": """\
 out.mkdir(parents=True)   # like dwg.science.data.create_dataset: refuses an existing directory
@@ -157,10 +160,11 @@ def standin_notebooks(dest) -> Path:
 
 # %% ../../nbs/09_testing.ipynb #fdbf09f4
 def demo_dir(prefix: str = "dwg-demo-") -> str:
-    "A new temporary directory for a notebook's demo outputs; removed at exit when the notebook runs as a test (`IN_TEST`)."
+    "A new temporary directory for a notebook's demo outputs; removed at exit under a test (`IN_TEST`)."
     path = tempfile.mkdtemp(prefix=prefix)
-    if os.environ.get("IN_TEST"):  # multiprocessing's exit hooks: nbdev_test runs notebooks in worker processes,
-        Finalize(None, shutil.rmtree, (path,), dict(ignore_errors=True), exitpriority=0)  # which skip atexit
+    if os.environ.get("IN_TEST"):
+        # multiprocessing's exit hooks: nbdev_test runs notebooks in worker processes, which skip atexit
+        Finalize(None, shutil.rmtree, (path,), dict(ignore_errors=True), exitpriority=0)
     return path
 
 # %% ../../nbs/09_testing.ipynb #663d512e
@@ -198,7 +202,7 @@ def _synthetic_top1(plan: str) -> float:
     base = _SYNTH_COMPONENTS.get(p.component_set, 0.05)
     return min(0.95, base * (1.1 if p.layer_group == "last_half" else 1) + (0.4 if p.variant == "hybrid" else 0))
 
-
+# %% ../../nbs/09_testing.ipynb #663d512en3
 def synthetic_results(
     plans=None,
     n_facts: int = 20,
@@ -211,7 +215,7 @@ def synthetic_results(
     generate: bool = True,
     seed: int = 0,
 ) -> pd.DataFrame:
-    "A made-up results table (one row per plan x fact x template) with the columns of a real run; for tests and demos."
+    "A made-up results table (one row per plan x fact x template) with the columns of a real run."
     rng = np.random.default_rng(seed)
     plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
     catalog = paper_plans()
@@ -237,7 +241,8 @@ def synthetic_results(
                     rows.append(row)
                     continue
                 hit = rng.random() < p1
-                rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))  # misses rank lower when accuracy is low
+                # misses rank lower when accuracy is low
+                rank = 0 if hit else int(rng.geometric(0.05 + 0.6 * p1))
                 row.update(rank=rank, prob=float(rng.uniform(0.3, 0.9) if hit else rng.uniform(1e-4, 0.2)))
                 row["logprob"] = float(np.log(row["prob"]))
                 if generate:
@@ -245,7 +250,7 @@ def synthetic_results(
                 rows.append(row)
     return pd.DataFrame(rows)
 
-
+# %% ../../nbs/09_testing.ipynb #663d512en6
 def synthetic_paper_results(
     n_facts: int = 12,
     templates=("relation_statement", "costar"),
@@ -254,7 +259,8 @@ def synthetic_paper_results(
     dataset: str = "synthetic-facts",
 ) -> pd.DataFrame:
     "A made-up results table with every plan of every figure (positions, movie spans, depth, components)."
-    methods = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]  # figure 4's plans are among them
+    # figure 4's plans are among them
+    methods = [p for p in figure_order("methods") if p not in ("PRE", "SFT")]
     positions = list(dict.fromkeys(figure_order("positions") + figure_order("movie_spans"))) + methods
     pos = synthetic_results(positions, n_facts, templates, model, dataset, "positions", skip_rate=0.02, seed=seed)
     components = [*figure_references("components"), *figure_order("components")]

@@ -12,14 +12,15 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 # %% auto #0
 __all__ = ['PROJECTIONS', 'FUSED', 'PROBE', 'decoder_layers', 'n_experts', 'is_experts', 'layer_modules', 'unsupported_reason',
-           'blocks', 'norm_roles', 'is_norm', 'canonical_names', 'part_rows', 'global_modules', 'position_axes',
+           'is_norm', 'blocks', 'norm_roles', 'canonical_names', 'part_rows', 'global_modules', 'position_axes',
            'architecture']
 
-# %% ../../nbs/01a_arch.ipynb #a9bde769
+# %% ../../nbs/01a_arch.ipynb #696a34db
+# not GPT-2's Conv1D: a linear layer
 _RECURRENT = re.compile(
     r"Mamba|Rwkv|RWKV|LinearAttention|GatedDeltaNet|DeltaNet|ShortConv|Mixer|xLSTM|Lstm|LSTM"
     r"|Recurrent|Conv1d$|SConv|Lightning"
-)  # not GPT-2's Conv1D: a linear layer
+)
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_routed")
 
 
@@ -46,7 +47,7 @@ def decoder_layers(model) -> tuple[str, torch.nn.ModuleList]:
         "torch.nn.ModuleList."
     )
 
-
+# %% ../../nbs/01a_arch.ipynb #0cbfe3e2
 def n_experts(model) -> int | None:
     "The number of routed experts per MoE layer, from the config, or None."
     cfg = _text_config(model)
@@ -80,7 +81,7 @@ def layer_modules(model) -> dict[str, list[int]]:
             out.setdefault(path, []).append(i)
     return out
 
-
+# %% ../../nbs/01a_arch.ipynb #8fda8677
 def unsupported_reason(model) -> str | None:
     "Why grafting cannot handle this model (no decoder layers, recurrent/state-space layers, cross-attention), or None."
     cfg = model.config
@@ -108,8 +109,9 @@ def unsupported_reason(model) -> str | None:
                 )
     return None
 
-# %% ../../nbs/01a_arch.ipynb #c950399a
-PROJECTIONS = {  # canonical name -> (block, module names); block: the attention or MLP child of the layer
+# %% ../../nbs/01a_arch.ipynb #28540fd6
+# canonical name -> (block, module names); block: the attention or MLP child of the layer
+PROJECTIONS = {
     "q": ("attn", ("q_proj", "query", "wq", "Wq", "q_lin")),
     "k": ("attn", ("k_proj", "key", "wk", "Wk", "k_lin")),
     "v": ("attn", ("v_proj", "value", "wv", "Wv", "v_lin")),
@@ -122,15 +124,19 @@ PROJECTIONS = {  # canonical name -> (block, module names); block: the attention
     "router": ("mlp", ("gate", "router")),
     "experts": ("mlp", ("experts",)),
 }
-FUSED = {  # fused projection -> its canonical parts and layout: 'blocks' = [q | k | v] rows (GQA sizes), 'heads' =
-    # per head [q k v] (GPT-NeoX), 'halves' = [gate | up]
+# fused projection -> its canonical parts and layout: 'blocks' = [q | k | v] rows (GQA sizes), 'heads' = per head
+# [q k v] (GPT-NeoX), 'halves' = [gate | up]
+FUSED = {
     "qkv_proj": (("q", "k", "v"), "blocks"),
     "c_attn": (("q", "k", "v"), "blocks"),
     "Wqkv": (("q", "k", "v"), "blocks"),
     "query_key_value": (("q", "k", "v"), "heads"),
     "gate_up_proj": (("gate", "up"), "halves"),
 }
-_NORMS = dict(  # norm module names directly in a layer, by where they act
+
+# %% ../../nbs/01a_arch.ipynb #b1fd3dab
+# norm module names directly in a layer, by where they act
+_NORMS = dict(
     pre_attn=(
         "input_layernorm",
         "ln_1",
@@ -164,6 +170,11 @@ _ATTN_CLASS, _MLP_CLASS = re.compile(r"Attention|Attn", re.I), re.compile(r"MLP|
 _MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 
 
+def is_norm(module) -> bool:
+    "A normalisation module (by class name: LayerNorm, RMSNorm, ...)."
+    return "norm" in type(module).__name__.lower()
+
+
 def blocks(layer) -> dict[str, str]:
     "The names of the attention and MLP children of a decoder layer (as found)."
     out = {}
@@ -176,13 +187,12 @@ def blocks(layer) -> dict[str, str]:
             out["mlp"] = name
     return out
 
-# %% ../../nbs/01a_arch.ipynb #dcdda311
+# %% ../../nbs/01a_arch.ipynb #dd8ed63b
 def _norm_places(names: list[str]) -> dict[str, str]:
     "Where each norm directly in a layer acts (pre_attn, pre_mlp, post_attn, post_mlp) -> its module name."
     found = {role: next((n for n in names if n in options), None) for role, options in _NORMS.items()}
-    if (
-        "post_attention_layernorm" in names
-    ):  # Llama: the MLP's pre-norm; Gemma 2 (sandwich), OLMo 2: on attention's output
+    # Llama: the MLP's pre-norm; Gemma 2 (sandwich), OLMo 2: on attention's output
+    if "post_attention_layernorm" in names:
         role = "post_attn" if found["pre_mlp"] or not found["pre_attn"] else "pre_mlp"
         found[role] = found[role] or "post_attention_layernorm"
     return {k: v for k, v in found.items() if v}
@@ -205,17 +215,13 @@ def _norm_roles(names: list[str]) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
-def is_norm(module) -> bool:
-    "A normalisation module (by class name: LayerNorm, RMSNorm, ...)."
-    return "norm" in type(module).__name__.lower()
-
-
 def canonical_names(model) -> dict[str, tuple[str, tuple | None]]:
     "Canonical name -> (module path relative to a decoder layer, fused part or None), for the modules this model has."
     _, layers = decoder_layers(model)
     paths = layer_modules(model)
     found = {name: (path, None) for name, path in _norm_roles([p for p in paths if "." not in p]).items()}
-    for block, child in {"mlp": "", **blocks(layers[0])}.items():  # an MLP's projections may sit in the layer itself
+    # an MLP's projections may sit in the layer itself
+    for block, child in {"mlp": "", **blocks(layers[0])}.items():
         prefix = f"{child}." if child else ""
         for name, (where, options) in PROJECTIONS.items():
             hit = next((prefix + o for o in options if prefix + o in paths), None)
@@ -226,7 +232,7 @@ def canonical_names(model) -> dict[str, tuple[str, tuple | None]]:
                 found.update({p: (prefix + fused, (layout, i)) for i, p in enumerate(parts) if p not in found})
     return found
 
-# %% ../../nbs/01a_arch.ipynb #be414a66
+# %% ../../nbs/01a_arch.ipynb #14bb3e5a
 def part_rows(model, module, part: tuple) -> torch.Tensor:
     "Boolean mask over a fused projection's output features for `part` = (layout, index) of `FUSED`."
     layout, i = part
@@ -245,7 +251,7 @@ def part_rows(model, module, part: tuple) -> torch.Tensor:
         rows[bounds[i] : bounds[i + 1]] = True
     return rows
 
-# %% ../../nbs/01a_arch.ipynb #e3123b7d
+# %% ../../nbs/01a_arch.ipynb #7ceb0f1f
 def global_modules(model) -> dict[str, str]:
     """Per-position modules outside the decoder layers: `embed`, `pos_embed` (a second embedding), `ln_final` (the
     norm after the layers), `lm_head`, and any other by its path -> path in the model."""
@@ -270,7 +276,7 @@ def global_modules(model) -> dict[str, str]:
         out[name] = path
     return out
 
-# %% ../../nbs/01a_arch.ipynb #658360d3
+# %% ../../nbs/01a_arch.ipynb #c4810af2
 PROBE = (3, 11)  # batch and sequence length of the probing forward
 
 
@@ -298,7 +304,7 @@ def _computes_positions(module) -> bool:
     "A learned position embedding that works out positions from the attention mask (OPT, BioGPT): not per position."
     return isinstance(module, torch.nn.Embedding) and len(inspect.signature(module.forward).parameters) > 1
 
-
+# %% ../../nbs/01a_arch.ipynb #bfabd72a
 def position_axes(model, paths: dict[str, str]) -> dict[str, tuple]:
     """name -> (axis of the positions in the first input, in the output) of the module at `paths[name]`, by one
     probing forward; a tuple output has one axis per item."""

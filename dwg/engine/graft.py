@@ -5,6 +5,8 @@
 # %% ../../nbs/02_graft.ipynb #9719538d
 from __future__ import annotations
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
 import inspect
 import re
 import weakref
@@ -14,11 +16,12 @@ from dwg.engine.arch import (
     is_norm,
     part_rows,
 )
+from .hooks import Hooks
 from .lora import as_donor
 
 # %% auto #0
 __all__ = ['GLOBAL_COMPONENTS', 'LAYER_COMPONENTS', 'GROUPS', 'layer_groups', 'resolve_layers', 'graftable', 'resolve_components',
-           'check_compatible', 'aligned_mask', 'as_mask', 'check_batch_hook', 'graft']
+           'check_compatible', 'Graft', 'RowSplit', 'aligned_mask', 'Target', 'as_mask', 'check_batch_hook', 'graft']
 
 # %% ../../nbs/02_graft.ipynb #1d00f5b4
 GLOBAL_COMPONENTS = ("embed", "pos_embed", "ln_final", "lm_head")
@@ -47,7 +50,7 @@ _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", 
 
 
 def layer_groups(n_layers: int) -> dict[str, list[int]]:
-    "Named layer groups: all, first_half ... second_half/last_half, quarters and eighths (near-equal contiguous chunks)."
+    "Named layer groups: all, first_half ... second_half/last_half, quarters and eighths (near-equal contiguous parts)."
     groups = {"all": list(range(n_layers))}
     for frac, parts in _FRACTIONS.items():
         bounds = [round(i * n_layers / parts) for i in range(parts + 1)]
@@ -88,7 +91,8 @@ def resolve_layers(layers, n_layers: int) -> list[int]:
         )
     if bad := [i for i in idx if not isinstance(i, int) or isinstance(i, bool)]:
         raise ValueError(
-            f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name ({', '.join(groups)})."
+            f"Layer(s) {bad} are not integers: give layer indices 0..{n_layers - 1} or a group name "
+            f"({', '.join(groups)})."
         )
     bad = [i for i in idx if not -n_layers <= i < n_layers]
     if bad:
@@ -225,6 +229,32 @@ def check_compatible(recipient, donor):
             )
 
 # %% ../../nbs/02_graft.ipynb #9b8f3acd
+class Graft(NamedTuple):
+    "One graft on one module: the module computing its positions, its (batch, seq) mask, and the part it grafts."
+
+    donor: object  # the donor's module (or the recipient's own forward, to undo an enclosing graft)
+    mask: torch.Tensor
+    part: torch.Tensor | None  # output columns of a fused projection, or expert indices; None: the whole module
+
+
+@dataclass
+class RowSplit:
+    """Who computes each row of the flattened (batch * seq) input of a grafted module: the recipient (`keep`), each
+    graft of the whole module (`whole`, one entry per graft, None for a partial one), each graft of part of a fused
+    projection (`part`, likewise) and nobody (`pad`, padding)."""
+
+    keep: torch.Tensor
+    pad: torch.Tensor
+    whole: list
+    part: list
+    shape: tuple  # (batch, seq)
+
+    def owned(self, entries: list[Graft]) -> list[tuple[Graft, torch.Tensor]]:
+        "(graft, its rows) for each of `entries` that computes some row."
+        rows = [w if e.part is None else p for e, w, p in zip(entries, self.whole, self.part)]
+        return [(e, r) for e, r in zip(entries, rows) if r is not None and len(r)]
+
+
 def _aligned_to(mask: torch.Tensor, b: int, t: int, device) -> torch.Tensor:
     "The part of `mask` for `b` rows of `t` positions: the last `t` positions (e.g. `logits_to_keep=1`)."
     if t > mask.shape[1] or b not in (1, mask.shape[0]):
@@ -244,28 +274,35 @@ def _rows(selected: torch.Tensor) -> torch.Tensor:
     "Indices of the True entries of a flat bool tensor."
     return selected.nonzero().squeeze(1)
 
-
-def _split(entries: list, masks: list[torch.Tensor], live: torch.Tensor | None) -> dict | None:
-    """Rows of the flattened (batch * seq) input for the recipient (`keep`), each whole-module graft (`whole`), each
-    graft of part of a fused projection (`part`) and padding (`pad`); None when no graft covers any position."""
+# %% ../../nbs/02_graft.ipynb #6ef9c2da
+def _split(entries: list[Graft], masks: list[torch.Tensor], live: torch.Tensor | None) -> RowSplit | None:
+    "The `RowSplit` of the grafts `entries`, their `masks` aligned to the input; None: no graft covers any position."
     if not any(m.any() for m in masks):
         return None
     owner = torch.zeros(masks[0].numel(), dtype=torch.long, device=masks[0].device)  # 0: recipient, i + 1: graft i
-    for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
-        if cols is None:
+    for i, (e, m) in enumerate(zip(entries, masks)):
+        if e.part is None:
             owner[m.reshape(-1)] = i + 1
     if live is not None:
         owner[~live.reshape(-1)] = -1  # padding: nobody computes it
-    whole = [_rows(owner == i + 1) if cols is None else None for i, (_, _, cols) in enumerate(entries)]
+    whole = [_rows(owner == i + 1) if e.part is None else None for i, e in enumerate(entries)]
     part = [None] * len(entries)
-    for i, ((_, _, cols), m) in enumerate(zip(entries, masks)):
-        if cols is None:
+    for i, (e, m) in enumerate(zip(entries, masks)):
+        if e.part is None:
             continue
-        later = [mm for (_, _, c), mm in zip(entries[i + 1 :], masks[i + 1 :]) if c is None]  # whole grafts after i win
+        later = [mm for ee, mm in zip(entries[i + 1 :], masks[i + 1 :]) if ee.part is None]  # whole grafts after i win
         part[i] = _rows((m & ~torch.stack(later).any(0) if later else m).reshape(-1) & (owner >= 0))
-    return dict(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part)
+    return RowSplit(keep=_rows(owner == 0), pad=_rows(owner < 0), whole=whole, part=part, shape=tuple(masks[0].shape))
 
 # %% ../../nbs/02_graft.ipynb #e027b3aa
+class _Gathered(NamedTuple):
+    "Rows gathered from one input: the input, its version when gathered, and id(rows) -> (rows, the gathered rows)."
+
+    x: torch.Tensor | None
+    version: int
+    rows: dict
+
+
 class _Pass:
     """What the grafted modules share during one forward pass of the recipient: its token shape (batch, seq), its
     padding (positions whose `attention_mask` is 0 are computed by no grafted module; their output there is 0), the row
@@ -274,11 +311,8 @@ class _Pass:
     `_PASSES`, never on the recipient)."""
 
     def __init__(self, model):
-        self.users, self.live, self.tokens, self.splits, self.gathered = 0, None, None, None, (None, -1, {})
-        self.handles = [
-            model.register_forward_pre_hook(self.start, with_kwargs=True),
-            model.register_forward_hook(self.stop, always_call=True),
-        ]
+        self.users, self.live, self.tokens, self.splits, self.gathered = 0, None, None, None, _Gathered(None, -1, {})
+        self.hooks = Hooks().before(model, self.start, with_kwargs=True).after(model, self.stop, always_call=True)
 
     def start(self, module, args, kwargs):
         am, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
@@ -287,19 +321,17 @@ class _Pass:
         self.tokens = tuple(ids.shape[:2]) if torch.is_tensor(ids) and ids.dim() >= 2 else None
 
     def stop(self, *_):
-        self.live, self.tokens, self.splits, self.gathered = None, None, None, (None, -1, {})
+        self.live, self.tokens, self.splits, self.gathered = None, None, None, _Gathered(None, -1, {})
 
-    def split(self, entries: list, b: int, t: int, device) -> dict | None:
+    def split(self, entries: list[Graft], b: int, t: int, device) -> RowSplit | None:
         "The row split of the grafts `entries` for `b` x `t` positions (cached within a pass)."
-        key = (b, t, *((id(m), cols is None) for _, m, cols in entries))
+        key = (b, t, *((id(e.mask), e.part is None) for e in entries))
         if self.splits is not None and key in self.splits:
             return self.splits[key]
-        masks = [_aligned_to(m, b, t, device) for _, m, _ in entries]
+        masks = [_aligned_to(e.mask, b, t, device) for e in entries]
         (b, t), live = masks[0].shape, self.live
         live = live[:, -t:].to(device) if live is not None and live.shape[0] == b and live.shape[1] >= t else None
         s = _split(entries, masks, live)
-        if s is not None:
-            s["shape"] = (b, t)
         if self.splits is not None:
             self.splits[key] = s
         return s
@@ -309,9 +341,9 @@ class _Pass:
         if self.splits is None:
             return flat.index_select(0, rows)
         version = -1 if x.is_inference() else x._version  # inference tensors have no version counter
-        if self.gathered[0] is not x or self.gathered[1] != version:
-            self.gathered = (x, version, {})
-        got = self.gathered[2]
+        if self.gathered.x is not x or self.gathered.version != version:
+            self.gathered = _Gathered(x, version, {})
+        got = self.gathered.rows
         if id(rows) not in got:
             got[id(rows)] = (rows, flat.index_select(0, rows))  # rows kept: its id stays unique
         return got[id(rows)][1]
@@ -331,47 +363,78 @@ def _with_first(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict
     return args, {**kwargs, key: x}
 
 
+def _flat(v: torch.Tensor, b: int, t: int, axis: int) -> torch.Tensor:
+    "A per-position tensor laid out with positions at `axis` as rows (batch * seq, ...)."
+    return v if axis == 0 else v.movedim(axis, 1).reshape(b * t, *v.movedim(axis, 1).shape[2:])
+
+
+def _shaped(rows: torch.Tensor, b: int, t: int, axis: int) -> torch.Tensor:
+    "Rows (n, ...) back in the layout with positions at `axis`, `b` rows of `t` positions."
+    return rows if axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, axis)
+
+
+def _assemble(kept: torch.Tensor, donors: list, split: RowSplit, axis: int) -> torch.Tensor:
+    """The full output of one output tensor (positions at `axis`): the recipient's rows, then each graft's, from
+    `donors` ((rows, part), output)."""
+    (b, t), rows_of = split.shape, lambda o, n: _flat(o, 1, n, axis)
+    kept = rows_of(kept, len(split.keep))
+    full = kept.new_empty((b * t, *kept.shape[1:]))
+    full.index_copy_(0, split.keep, kept)
+    if len(split.pad):
+        full.index_fill_(0, split.pad, 0)
+    for (rows, cols), out in donors:
+        out = rows_of(out, len(rows)).to(full.dtype)
+        if cols is None:
+            full.index_copy_(0, rows, out)
+            continue
+        part = full.index_select(0, rows)
+        part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
+        full.index_copy_(0, rows, part)
+    return _shaped(full, b, t, axis)
+
+# %% ../../nbs/02_graft.ipynb #e6fce474
+class _Held(NamedTuple):
+    "A grafted module's inputs, kept from its pre-hook for its hook: main input, flattened, split, arguments."
+
+    x: torch.Tensor
+    flat: torch.Tensor
+    split: RowSplit
+    args: tuple
+    kwargs: dict
+
+
+def _held_inputs(held: _Held, rows: torch.Tensor, axis: int, forward_pass: _Pass) -> tuple[tuple, dict]:
+    "A module's arguments at `rows` (every per-position tensor, positions at `axis`, cut to those rows)."
+    x, flat, split, args, kwargs = held
+    lead = axis + 1
+
+    def cut(v):
+        if v is x:
+            v = forward_pass.gather(x, flat, rows)
+        elif torch.is_tensor(v) and v.shape[:lead] == x.shape[:lead]:
+            v = _flat(v, *split.shape, axis).index_select(0, rows)
+        else:
+            return v
+        return _shaped(v, 1, len(rows), axis)
+
+    return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
+
+# %% ../../nbs/02_graft.ipynb #e686ddc9
 class _Splice:
     """The grafts active on one module. A forward pre-hook hands the module only the positions no graft owns; a forward
     hook runs each donor module on its positions and assembles the full output. Later grafts win where they overlap;
-    a graft of part of a fused projection (`cols`) starts from whatever output its positions would otherwise get.
-    Positions are rows of the flattened (batch * seq) input, moved with `index_select` / `index_copy_`. `axis` is where
-    the module's inputs index positions (`dwg.engine.arch.position_axes`): 1 for (batch, seq, ...), 2 for (batch, heads, seq,
-    ...), 0 for flattened tokens; every input and output tensor laid out like that is split and assembled."""
+    a graft of part of a fused projection (`part`) starts from whatever output its positions would otherwise get.
+    `axes`: where the module's inputs and outputs index positions; every input and output tensor laid out like that is
+    split and assembled."""
 
     def __init__(self, module, forward_pass: _Pass, axes: tuple = (1, 1)):
-        self.entries, self.saved, self.forward_pass = [], None, forward_pass
+        self.entries, self.held, self.forward_pass = [], None, forward_pass
         self.axis, self.out_axes = axes
-        self.handles = [
-            module.register_forward_pre_hook(self.before, with_kwargs=True),
-            module.register_forward_hook(self.after, with_kwargs=True),
-        ]
-
-    def _flat(self, v: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
-        "A per-position tensor laid out with positions at `axis` (default: the input's) as rows (batch * seq, ...)."
-        axis = self.axis if axis is None else axis
-        return v if axis == 0 else v.movedim(axis, 1).reshape(b * t, *v.movedim(axis, 1).shape[2:])
-
-    def _shaped(self, rows: torch.Tensor, b: int, t: int, axis: int | None = None) -> torch.Tensor:
-        "Rows (n, ...) back in the layout with positions at `axis` (default: the input's), `b` rows of `t` positions."
-        axis = self.axis if axis is None else axis
-        return rows if axis == 0 else rows.view(b, t, *rows.shape[1:]).movedim(1, axis)
+        self.hooks = Hooks().before(module, self.before, with_kwargs=True).after(module, self.after, with_kwargs=True)
 
     def _inputs(self, rows: torch.Tensor) -> tuple[tuple, dict]:
-        "The module's arguments at `rows` (every per-position tensor cut to those rows)."
-        x, flat, split, args, kwargs = self.saved
-        lead = self.axis + 1
-
-        def cut(v):
-            if v is x:
-                v = self.forward_pass.gather(x, flat, rows)
-            elif torch.is_tensor(v) and v.shape[:lead] == x.shape[:lead]:
-                v = self._flat(v, *split["shape"]).index_select(0, rows)
-            else:
-                return v
-            return self._shaped(v, 1, len(rows))
-
-        return tuple(map(cut, args)), {k: cut(v) for k, v in kwargs.items()}
+        "The module's arguments at `rows`."
+        return _held_inputs(self.held, rows, self.axis, self.forward_pass)
 
     def before(self, module, args, kwargs):
         x = _first_tensor(args, kwargs)
@@ -383,60 +446,41 @@ class _Splice:
             )
         b, t = tokens if self.axis == 0 else (x.shape[0], x.shape[self.axis])
         split = self.forward_pass.split(self.entries, b, t, x.device)
+        self.held = None
         if split is None:
-            self.saved = None
             return None
-        b, t = split["shape"]
+        b, t = split.shape
         if self.axis and x.shape[0] != b:  # e.g. (1, seq) position ids
             x = x.expand(b, *x.shape[1:])
             args, kwargs = _with_first(args, kwargs, x)
-        self.saved = (x, self._flat(x, b, t), split, args, kwargs)
-        return self._inputs(split["keep"])
-
-    def _assemble(self, kept: torch.Tensor, donors: list, split: dict, axis: int) -> torch.Tensor:
-        "The full output of one output tensor (positions at `axis`): the recipient's rows, then each graft's rows."
-        (b, t), rows_of = split["shape"], lambda o, n: self._flat(o, 1, n, axis)
-        kept = rows_of(kept, len(split["keep"]))
-        full = kept.new_empty((b * t, *kept.shape[1:]))
-        full.index_copy_(0, split["keep"], kept)
-        if len(split["pad"]):
-            full.index_fill_(0, split["pad"], 0)
-        for (rows, cols), out in donors:
-            out = rows_of(out, len(rows)).to(full.dtype)
-            if cols is None:
-                full.index_copy_(0, rows, out)
-                continue
-            part = full.index_select(0, rows)
-            part[:, cols.to(full.device)] = out[:, cols.to(full.device)]
-            full.index_copy_(0, rows, part)
-        return self._shaped(full, b, t, axis)
+        self.held = _Held(x, _flat(x, b, t, self.axis), split, args, kwargs)
+        return self._inputs(split.keep)
 
     def after(self, module, args, kwargs, out):
-        if self.saved is None:
+        if self.held is None:
             return None
-        split = self.saved[2]
-        runs = [
-            (rows, cols)
-            for (_, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
-            for rows in [w if cols is None else p]
-            if rows is not None and len(rows)
-        ]
-        outs = [
-            donor(*a, **kw)
-            for (donor, _, cols), w, p in zip(self.entries, split["whole"], split["part"])
-            for rows in [w if cols is None else p]
-            if rows is not None and len(rows)
-            for a, kw in [self._inputs(rows)]
-        ]
-        self.saved = None
+        split = self.held.split
+        owned = split.owned(self.entries)
+        outs = [e.donor(*a, **kw) for e, rows in owned for a, kw in [self._inputs(rows)]]
+        runs = [(rows, e.part) for e, rows in owned]
+        self.held = None
         if not isinstance(out, tuple):
-            return self._assemble(out, list(zip(runs, outs)), split, self.out_axes)
+            return _assemble(out, list(zip(runs, outs)), split, self.out_axes)
         return tuple(
-            o if a is None else self._assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
+            o if a is None else _assemble(o, [(r, d[j]) for r, d in zip(runs, outs)], split, a)
             for j, (o, a) in enumerate(zip(out, self.out_axes))
         )
 
 # %% ../../nbs/02_graft.ipynb #87786b5b
+class _Routed(NamedTuple):
+    "An expert module's routed inputs, kept from its pre-hook for its hook, and the graft owning each (token, expert)."
+
+    x: torch.Tensor
+    idx: torch.Tensor
+    w: torch.Tensor
+    owner: torch.Tensor  # 0: the recipient, i + 1: graft i
+
+
 class _ExpertSplice:
     """The grafts on one expert module (every expert's weights in 3-D parameters), called per token with the routing
     (hidden states, top-k expert indices, top-k weights). A grafted expert `e` at a grafted position: that token's
@@ -445,12 +489,9 @@ class _ExpertSplice:
     pairs for the recipient and the hook adds each donor's output for its pairs alone. Experts `None`: all of them."""
 
     def __init__(self, module, forward_pass: _Pass, axes: tuple = (0, 0)):
-        self.entries, self.saved, self.forward_pass = [], None, forward_pass
+        self.entries, self.held, self.forward_pass = [], None, forward_pass
         self.names = list(inspect.signature(module.forward).parameters)[:3]
-        self.handles = [
-            module.register_forward_pre_hook(self.before, with_kwargs=True),
-            module.register_forward_hook(self.after, with_kwargs=True),
-        ]
+        self.hooks = Hooks().before(module, self.before, with_kwargs=True).after(module, self.after, with_kwargs=True)
 
     def _routing(self, args: tuple, kwargs: dict) -> list:
         "(hidden states, expert indices, weights), passed by position or name."
@@ -471,24 +512,24 @@ class _ExpertSplice:
                 f"{self.forward_pass.tokens}: this expert module cannot be grafted per position."
             )
         owner = torch.zeros_like(idx)
-        for i, (_, mask, experts) in enumerate(self.entries):
-            rows = _aligned_to(mask, *self.forward_pass.tokens, x.device).reshape(-1, 1)
-            owner[rows.expand_as(idx) if experts is None else rows & torch.isin(idx, experts.to(idx.device))] = i + 1
+        for i, e in enumerate(self.entries):
+            rows = _aligned_to(e.mask, *self.forward_pass.tokens, x.device).reshape(-1, 1)
+            owner[rows.expand_as(idx) if e.part is None else rows & torch.isin(idx, e.part.to(idx.device))] = i + 1
         if not owner.any():
-            self.saved = None
+            self.held = None
             return None
-        self.saved = (x, idx, w, owner)
+        self.held = _Routed(x, idx, w, owner)
         return (x, idx, w * (owner == 0), *args[3:]), {k: v for k, v in kwargs.items() if k not in self.names}
 
     def after(self, module, args, kwargs, out):
-        if self.saved is None:
+        if self.held is None:
             return None
-        (x, idx, w, owner), self.saved = self.saved, None
-        for i, (donor, _, _) in enumerate(self.entries):
+        (x, idx, w, owner), self.held = self.held, None
+        for i, e in enumerate(self.entries):
             mine = owner == i + 1
             rows = _rows(mine.any(1))
             if len(rows):
-                out = out.index_add(0, rows, donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
+                out = out.index_add(0, rows, e.donor(x[rows], idx[rows], (w * mine)[rows]).to(out.dtype))
         return out
 
 # %% ../../nbs/02_graft.ipynb #b952e7c1
@@ -511,8 +552,7 @@ def _remove_splice(module, entry):
         return
     sp.entries = [e for e in sp.entries if e is not entry]
     if not sp.entries:
-        for h in sp.handles:
-            h.remove()
+        sp.hooks.remove()
         del _SPLICES[module]
 
 
@@ -530,8 +570,7 @@ def _exit_pass(model):
     p = _PASSES[model]
     p.users -= 1
     if not p.users:
-        for h in p.handles:
-            h.remove()
+        p.hooks.remove()
         del _PASSES[model]
 
 # %% ../../nbs/02_graft.ipynb #5731c76a
@@ -543,30 +582,33 @@ def _where(arch: dict, name: str) -> tuple[str, object]:
     return path, ("experts", None) if path in arch["experts"] else part
 
 
-def _targets(recipient, donor, layers, components) -> list[tuple]:
-    "(recipient module, donor module, part, position axis) for every grafted module; part: None, output rows or experts."
+class Target(NamedTuple):
+    "One grafted module: the recipient's, the donor's twin, the part grafted, and its (input, output) position axes."
+
+    recipient: torch.nn.Module
+    donor: torch.nn.Module
+    part: object  # None (the whole module), output rows of a fused projection, or ('experts', indices or None)
+    axes: tuple
+
+
+def _targets(recipient, donor, layers, components) -> list[Target]:
+    "The `Target` of every module that grafting `layers` x `components` changes."
     arch = architecture(recipient)
     idx = resolve_layers(layers, arch["n_layers"])  # discovered once per model, not scanned per graft
     out = []
     for name in resolve_components(recipient, components):
         if name in arch["globals"]:
             path = arch["globals"][name]
-            out.append((_get(recipient, path), _get(donor, path), None, arch["axes"][name]))
+            out.append(Target(_get(recipient, path), _get(donor, path), None, arch["axes"][name]))
             continue
         path, part = _where(arch, name)
         for i in (i for i in idx if i in arch["modules"][path]):
             r, d = _get(recipient, f"{arch['layers']}.{i}.{path}"), _get(donor, f"{arch['layers']}.{i}.{path}")
-            out.append(
-                (
-                    r,
-                    d,
-                    part if part is None or part[0] == "experts" else part_rows(recipient, r, part),
-                    arch["axes"][path],
-                )
-            )
+            rows = part if part is None or part[0] == "experts" else part_rows(recipient, r, part)
+            out.append(Target(r, d, rows, arch["axes"][path]))
     return out
 
-
+# %% ../../nbs/02_graft.ipynb #316c2963
 def as_mask(mask) -> torch.Tensor:
     "A bool (batch, seq) tensor, or a clear error."
     mask = torch.as_tensor(mask)
@@ -593,30 +635,31 @@ def check_batch_hook(mask):
 
     return hook
 
-
+# %% ../../nbs/02_graft.ipynb #4ff39c5b
 @contextmanager
 def graft(recipient, donor, mask, layers="all", components="all"):
-    """Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x `components`.
-    `donor`: a model, or a LoRA adapter (directory or PeftModel, see `dwg.engine.lora`): the recipient's modules plus its deltas."""
+    """Inside this context, `recipient` uses `donor`'s weights where `mask` (batch, seq) is True, for `layers` x
+    `components`. `donor`: a model, or a LoRA adapter (directory or PeftModel, see `dwg.engine.lora`): the recipient's
+    modules plus its deltas."""
     donor = as_donor(recipient, donor)
     check_compatible(recipient, donor)
     mask = as_mask(mask)
     targets = _targets(recipient, donor, layers, components)
-    check = recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True)
-    forward_pass, added = _enter_pass(recipient), []
-    try:
-        for r, d, part, axes in targets:
-            if d is r:  # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win here
-                if r not in _SPLICES:
-                    continue
-                d = r.forward  # the module without its graft hooks
-            experts = isinstance(part, tuple)
-            entry = (d, mask, part[1] if experts else part)
-            _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes)
-            added.append((r, entry))
-        yield recipient
-    finally:
-        check.remove()
-        for r, entry in added:
-            _remove_splice(r, entry)
-        _exit_pass(recipient)
+    with Hooks() as hooks:
+        hooks.before(recipient, check_batch_hook(mask), with_kwargs=True)
+        forward_pass, added = _enter_pass(recipient), []
+        try:
+            for r, d, part, axes in targets:
+                if d is r:  # a LoRA donor's unadapted module: a no-op, unless an enclosing graft of `r` must not win
+                    if r not in _SPLICES:
+                        continue
+                    d = r.forward  # the module without its graft hooks
+                experts = isinstance(part, tuple)
+                entry = Graft(d, mask, part[1] if experts else part)
+                _add_splice(r, entry, forward_pass, _ExpertSplice if experts else _Splice, axes)
+                added.append((r, entry))
+            yield recipient
+        finally:
+            for r, entry in added:
+                _remove_splice(r, entry)
+            _exit_pass(recipient)

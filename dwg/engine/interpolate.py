@@ -10,18 +10,18 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp
 from .arch import is_norm
+from .hooks import Hooks
 from .graft import GLOBAL_COMPONENTS, check_compatible, graftable, resolve_components, resolve_layers
 from .arch import architecture
 from .lora import DonorView, LoraModule, as_donor
 from .prompts import batches, prepare
 
 # %% auto #0
-__all__ = ['SPECIAL_ROLES', 'DEFAULT_ROLES', 'DEFAULT_COMPONENTS', 'Cell', 'check_roles', 'Grid', 'interpolated', 'role_index',
-           'check_examples', 'target_logprob', 'logprobs_at', 'interpolation', 'each_batch', 'at_point']
+__all__ = ['SPECIAL_ROLES', 'DEFAULT_COMPONENTS', 'Cell', 'check_roles', 'Grid', 'interpolated', 'role_index', 'check_examples',
+           'target_logprob', 'logprobs_at', 'interpolation', 'each_batch', 'at_point']
 
 # %% ../../nbs/03a_interpolate.ipynb #c005
 SPECIAL_ROLES = ("last_token", "other")  # the prompt's final token; every real token no other role claims
-DEFAULT_ROLES = ("first_actor", "movie_title", "last_token", "other")
 DEFAULT_COMPONENTS = ("attn", "ffn", "norms", "globals")  # 'globals': each global component (embed, lm_head, ...)
 
 
@@ -43,8 +43,8 @@ def check_roles(roles) -> list[str]:
     roles = [roles] if isinstance(roles, str) else list(roles)
     if bad := [r for r in roles if not isinstance(r, str) or not r.strip()]:
         raise ValueError(
-            f"Bad position role(s) {bad}: use span roles of the examples (e.g. first_actor, or a field of "
-            "your facts), 'last_token' (the prompt's final token) or 'other' (every token no other role claims)."
+            f"Bad position role(s) {bad}: use span roles of the examples (the fields their prompts mark), "
+            "'last_token' (the prompt's final token) or 'other' (every token no other role claims)."
         )
     if len(set(roles)) != len(roles):
         raise ValueError(f"Position roles repeat: {roles}.")
@@ -54,7 +54,8 @@ def check_roles(roles) -> list[str]:
 
 # %% ../../nbs/03a_interpolate.ipynb #c007
 def _component_cells(model, components) -> dict[str, list[str]]:
-    "Cell component name -> canonical component names ('globals' and global members of groups become cells of their own)."
+    """Cell component name -> canonical component names ('globals' and global members of groups become cells of their
+    own)."""
     have, out = graftable(model), {}
     for entry in [components] if isinstance(components, str) else list(components):
         if entry == "globals":
@@ -85,7 +86,7 @@ def _check_modules(model, comps: dict[str, list[str]]):
             owner[path] = cname
     for path, cname in owner.items():
         shared = [n for n, p in have.items() if (p[0] or n) == path]
-        if missing := [n for n in shared if n not in comps[cname]]:
+        if any(n not in comps[cname] for n in shared):
             raise ValueError(
                 f"Components {shared} are parts of one fused module ('{path}') in "
                 f"{model.config.model_type}; localisation takes fused modules whole: put {shared} in "
@@ -94,9 +95,10 @@ def _check_modules(model, comps: dict[str, list[str]]):
 
 # %% ../../nbs/03a_interpolate.ipynb #c008
 class Grid:
-    "The cells of a localisation: position roles x layers x components, and the recipient modules each covers."
+    """The cells of a localisation: position roles x layers x components, and the recipient modules each covers.
+    `roles`: span roles of the examples, `last_token` and `other` (default: those two alone)."""
 
-    def __init__(self, model, roles=DEFAULT_ROLES, layers="all", components=DEFAULT_COMPONENTS):
+    def __init__(self, model, roles=SPECIAL_ROLES, layers="all", components=DEFAULT_COMPONENTS):
         self.roles = check_roles(roles)
         self.layers = resolve_layers(layers, architecture(model)["n_layers"])
         self.components = _component_cells(model, components)
@@ -178,7 +180,7 @@ def _path(arch: dict, name: str, layer: int | None) -> str | None:
     rel = _rel_path(arch, name)
     return f"{arch['layers']}.{layer}.{rel}" if layer in arch["modules"][rel] else None
 
-
+# %% ../../nbs/03a_interpolate.ipynb #03596f2a
 @dataclass
 class _Site:
     "One recipient module of the grid: its donor twin, how to interpolate it, and the cell of each role there."
@@ -199,7 +201,7 @@ class _Site:
         self.norm = self.kind == "outputs" and is_norm(self.recipient)  # affine in its parameters? `_moved_norm` checks
 
     def linear(self, params: dict) -> tuple:
-        "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D keeps (in, out): a transposed view)."
+        "(weight as (out, in), bias) from a Linear's or Conv1D's parameters (a Conv1D's (in, out): a transposed view)."
         w = params["weight"]
         return w if isinstance(self.recipient, nn.Linear) else w.t(), params.get("bias")
 
@@ -208,8 +210,8 @@ class _Site:
         return a == 0.0 or (a == 1.0 and not isinstance(self.donor, LoraModule))
 
     def at(self, a: float) -> tuple:
-        """The site's (weight, bias) at `a`: the recipient's, the donor's, or between them, written into the scratch buffer
-        of their shape (valid until the next site moves weights of that shape: use them at once)."""
+        """The site's (weight, bias) at `a`: the recipient's, the donor's, or between them, written into the scratch
+        buffer of their shape (valid until the next site moves weights of that shape: use them at once)."""
         rec = self.own
         if a == 0.0:
             return self.linear(rec)
@@ -228,9 +230,9 @@ class _Site:
                     torch.mul(d, a, out=out)
         return self.linear({**rec, **moved})
 
-
+# %% ../../nbs/03a_interpolate.ipynb #92d773fc
 def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
-    "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, in the recipient's layout)."
+    "The donor module's own parameters minus the recipient's, by name (a LoRA module: its delta, recipient's layout)."
     rec = dict(recipient.named_parameters(recurse=False))
     with torch.no_grad():
         if not isinstance(donor, LoraModule):
@@ -241,7 +243,8 @@ def _weight_diff(recipient: nn.Module, donor: nn.Module) -> dict:
 
 
 def _sites(grid: Grid, recipient, donor) -> list[_Site]:
-    "Every module the grid's cells cover (a layer without one of them, as an MoE's dense layers: none there), with its cell per role."
+    """Every module the grid's cells cover (a layer without one of them, as an MoE's dense layers: none there), with its
+    cell per role."""
     arch, out, seen, zero, scratch = architecture(recipient), [], set(), len(grid), {}
     for comp, names in grid.components.items():
         for layer in [None] if grid.is_global(comp) else grid.layers:
@@ -306,12 +309,12 @@ class _Point:
 
 
 def _scattered(values: torch.Tensor, rows: tuple | None, n: int) -> torch.Tensor:
-    "`values` at the live rows of an n-row result (`rows`: live and padding indices), zeros at padding (None: `values`)."
+    "`values` at the live rows of an n-row result (`rows`: live and padding indices), zeros at padding (None: values)."
     if rows is None:
         return values
     return values.new_empty((n, *values.shape[1:])).index_copy_(0, rows[0], values).index_fill_(0, rows[1], 0)
 
-
+# %% ../../nbs/03a_interpolate.ipynb #99e6651f
 class _TiltLinear(torch.autograd.Function):
     """A Linear of `site` at a point where every live alpha is `a`: `x @ w.T + b` with its weights moved `a` of the way,
     on the live rows only (`rows`; None: all), padding rows giving 0 as in `graft` (nothing attends to them). Backward,
@@ -350,7 +353,7 @@ class _TiltLinear(torch.autograd.Function):
         ga = torch.linalg.vecdot(gd.float(), x2.float()) + (g2.float() @ db.float() if db is not None else 0)  # float32
         return gx, _scattered(ga, rows, n).view(ctx.shape[:-1]).to(ctx.alpha_dtype), None, None, None
 
-
+# %% ../../nbs/03a_interpolate.ipynb #4c311e81
 class _Tilt(torch.autograd.Function):
     """`y` as it is (every live alpha already has the point's value); backward, each position's alpha gets its output
     gradient dotted with `delta`, the donor's output minus the recipient's there (summed over every dimension alpha
@@ -397,7 +400,7 @@ def _moved_norm(site: _Site, own, alpha, a: float, args, kwargs) -> torch.Tensor
             return None
     return _Tilt.apply(functional_call(site.donor, moved, args, kwargs), alpha, y_d - y_r)
 
-
+# %% ../../nbs/03a_interpolate.ipynb #731b86fa
 def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.Tensor:
     """The output at a point where every live alpha is `a`: a Linear runs once with its weights moved `a` of the way
     (exact: its output is linear in its weights), so does a norm between the end points; any other module runs twice
@@ -414,7 +417,7 @@ def _uniform(site: _Site, own, alpha, a: float, rows, x, args, kwargs) -> torch.
         delta = y_d - y_r
     return _Tilt.apply(y_r if a == 0.0 else y_d if a == 1.0 else torch.lerp(y_r, y_d, a), alpha, delta)
 
-
+# %% ../../nbs/03a_interpolate.ipynb #ab6d6510
 def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
     """A module whose outputs are not all numbers to mix (a router: scores and a top-k choice) with its parameters
     moved each position's alpha of the way (rows grouped by value); its floating outputs tilt along their derivative
@@ -446,7 +449,7 @@ def _through_params(site: _Site, alpha, a: float | None, x) -> tuple:
         return y
     return tuple(_Tilt.apply(o, alpha, d.detach()) if o.is_floating_point() else o for o, d in zip(y, tan))
 
-
+# %% ../../nbs/03a_interpolate.ipynb #c4542c89
 def _site_forward(site: _Site, own, point_of):
     "A forward for the recipient module of `site`: its output moved `alpha` of the way to the donor's, per position."
 
@@ -474,34 +477,27 @@ def _frozen(models: list):
     """Within: no parameter of `models` asks for a gradient (each as it was after), and each head's input is contiguous
     (frozen weights and a sliced input with gradients would send matmul to a product per example: ~25% of a forward)."""
     saved = [(p, p.requires_grad) for m in models for p in m.parameters()]
-    heads, hooks = [h for m in models if (h := m.get_output_embeddings()) is not None], []
+    heads = [h for m in models if (h := m.get_output_embeddings()) is not None]
     try:
-        hooks += [h.register_forward_pre_hook(_contiguous_input) for h in heads]
-        for p, _ in saved:
-            p.requires_grad_(False)
-        yield
+        with Hooks() as hooks:
+            for h in heads:
+                hooks.before(h, _contiguous_input)
+            for p, _ in saved:
+                p.requires_grad_(False)
+            yield
     finally:
         for p, g in saved:
             p.requires_grad_(g)
-        for h in hooks:
-            h.remove()
 
 
 @contextmanager
 def interpolated(sites: list[_Site], models: list):
     "Within: every site's module follows the current `_Point` (set with the yielded setter); weights need no gradient."
     state = {}
-    for s in sites:
-        if "forward" in s.recipient.__dict__:
-            raise RuntimeError(f"Module {type(s.recipient).__name__} is already patched.")
-    with _frozen(models):
+    with _frozen(models), Hooks() as hooks:
         for s in sites:
-            s.recipient.forward = _site_forward(s, s.recipient.forward, lambda: state["point"])
-        try:
-            yield lambda point: state.__setitem__("point", point)
-        finally:
-            for s in sites:
-                s.recipient.__dict__.pop("forward", None)
+            hooks.instead(s.recipient, _site_forward(s, s.recipient.forward, lambda: state["point"]))
+        yield lambda point: state.__setitem__("point", point)
 
 # %% ../../nbs/03a_interpolate.ipynb #c012
 def role_index(prep: dict, roles: list[str]) -> torch.Tensor:
@@ -575,7 +571,7 @@ def each_batch(recipient, donor, tokenizer, examples: list[dict], grid: Grid, ba
 def at_point(
     recipient, donor, tokenizer, examples: list[dict], grid: Grid, values, grad: bool = True, batch_size: int = 32
 ) -> tuple:
-    "Log-probabilities (n_examples,) and, with `grad`, gradients (n_examples, n_cells) at cell values `values` (n_cells,)."
+    "Log-probabilities (n_examples,) and, with `grad`, gradients (n_examples, n_cells) at cell values `values`."
     values = torch.as_tensor(values, dtype=torch.float32).cpu()
     if values.shape != (len(grid),):
         raise ValueError(f"values must have one entry per cell ({len(grid)}), got {tuple(values.shape)}.")

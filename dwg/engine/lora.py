@@ -17,7 +17,7 @@ from torch import nn
 __all__ = ['ADAPTER_CONFIG', 'ADAPTER_WEIGHTS', 'adapter_dir', 'check_adapter_config', 'LoraDelta', 'Adapter', 'is_peft_model',
            'read_adapter', 'LoraModule', 'DonorView', 'is_lora_donor', 'as_donor']
 
-# %% ../../nbs/02c_lora.ipynb #1817f6ed
+# %% ../../nbs/02c_lora.ipynb #89fed610
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _STATE_PREFIX = "base_model.model."  # how peft names the causal-LM model's modules in an adapter's state
 
@@ -32,40 +32,17 @@ def adapter_dir(path) -> Path | None:
             return d
     return None
 
-# %% ../../nbs/02c_lora.ipynb #36ed2225
+# %% ../../nbs/02c_lora.ipynb #28c2f08f
 # adapter_config.json keys that do not change what the adapted modules compute (or that dwg applies itself); any other
 # key that is set (DoRA, modules_to_save, layer_replication, target_parameters, aLoRA, ...) is refused by name
-_PLAIN_KEYS = {
-    "r",
-    "lora_alpha",
-    "lora_dropout",
-    "target_modules",
-    "exclude_modules",
-    "fan_in_fan_out",
-    "use_rslora",
-    "rank_pattern",
-    "alpha_pattern",
-    "layers_to_transform",
-    "layers_pattern",
-    "init_lora_weights",
-    "peft_type",
-    "task_type",
-    "base_model_name_or_path",
-    "revision",
-    "inference_mode",
-    "auto_mapping",
-    "peft_version",
-    "lora_bias",
-    "megatron_core",
-    "loftq_config",
-    "eva_config",
-    "corda_config",
-    "lora_ga_config",
-    "qalora_group_size",
-    "ensure_weight_tying",
-    "runtime_config",
-    "bias",
-}
+_PLAIN_KEYS = set(
+    """
+    r lora_alpha lora_dropout target_modules exclude_modules fan_in_fan_out use_rslora rank_pattern alpha_pattern
+    layers_to_transform layers_pattern init_lora_weights peft_type task_type base_model_name_or_path revision
+    inference_mode auto_mapping peft_version lora_bias megatron_core loftq_config eva_config corda_config
+    lora_ga_config qalora_group_size ensure_weight_tying runtime_config bias
+    """.split()
+)
 
 
 def check_adapter_config(cfg: dict, source: str) -> dict:
@@ -89,9 +66,10 @@ def check_adapter_config(cfg: dict, source: str) -> dict:
         )
     return cfg
 
-# %% ../../nbs/02c_lora.ipynb #f794b477
+# %% ../../nbs/02c_lora.ipynb #1caa9259
 def _pattern_value(patterns: dict, path: str, default):
-    "The value of the first key of `patterns` matching the end of module `path` (as peft's rank/alpha patterns), else `default`."
+    """The value of the first key of `patterns` matching the end of module `path` (as peft's rank/alpha patterns),
+    else `default`."""
     for key, value in (patterns or {}).items():
         if re.fullmatch(rf"(.*\.)?({key})", path):
             return value
@@ -103,7 +81,7 @@ def _scale(cfg: dict, path: str, r: int) -> float:
     alpha = _pattern_value(cfg.get("alpha_pattern"), path, cfg.get("lora_alpha", 8))
     return alpha / (r**0.5 if cfg.get("use_rslora") else r)
 
-
+# %% ../../nbs/02c_lora.ipynb #ea471800
 @dataclass
 class LoraDelta:
     "One adapted module's low-rank update: output += scale * (B (A x) + bias)."
@@ -145,7 +123,7 @@ def _deltas(state: dict, cfg: dict, source: str) -> dict[str, LoraDelta]:
         raise ValueError(f"{source} holds no LoRA weights: nothing to graft.")
     return out
 
-# %% ../../nbs/02c_lora.ipynb #b6d8b837
+# %% ../../nbs/02c_lora.ipynb #0089034a
 @dataclass
 class Adapter:
     "A LoRA adapter read into memory: its deltas by module path, the base model it was trained on, where it came from."
@@ -178,7 +156,7 @@ def _read_dir(path: str, stamp: tuple, check_base: bool) -> Adapter:
         cfg,
     )
 
-
+# %% ../../nbs/02c_lora.ipynb #eb41598c
 def is_peft_model(obj) -> bool:
     "Whether `obj` is a peft `PeftModel` (checked without importing peft)."
     return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(obj).__mro__)
@@ -197,7 +175,8 @@ def _read_peft_model(pm, check_base: bool) -> Adapter:
 
 
 def read_adapter(src, check_base: bool = True) -> Adapter:
-    "An `Adapter` from an adapter directory (peft's `save_pretrained`) or a `PeftModel`; `check_base=False` skips the base-name check."
+    """An `Adapter` from an adapter directory (peft's `save_pretrained`) or a `PeftModel`; `check_base=False` skips
+    the base-name check."""
     if isinstance(src, Adapter):
         return src
     if is_peft_model(src):
@@ -211,7 +190,7 @@ def read_adapter(src, check_base: bool = True) -> Adapter:
     stamp = tuple((d / f).stat().st_mtime_ns if (d / f).exists() else 0 for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
     return _read_dir(str(d.resolve()), stamp, check_base)
 
-# %% ../../nbs/02c_lora.ipynb #9ea18e0f
+# %% ../../nbs/02c_lora.ipynb #22f7c940
 class LoraModule(nn.Module):
     "A recipient module plus an adapter's delta: base(x) + scale * (B (A x) + bias). Shares the base module (no copy)."
 
@@ -227,7 +206,7 @@ class LoraModule(nn.Module):
         low = nn.functional.linear(nn.functional.linear(x.to(self.A.dtype), self.A), self.B, self.bias)
         return self.base.forward(x) + (self.scale * low).to(x.dtype)  # forward: not the base's graft hooks
 
-# %% ../../nbs/02c_lora.ipynb #ac5feb4e
+# %% ../../nbs/02c_lora.ipynb #e0168686
 def _same_name(a: str, b: str) -> bool:
     "Whether two model names or paths name the same model (paths compared resolved)."
     if a == b:
@@ -279,10 +258,11 @@ def _adapted_module(recipient, path: str, delta: LoraDelta, adapter: Adapter) ->
         )
     return LoraModule(base, delta)
 
-# %% ../../nbs/02c_lora.ipynb #68989dda
+# %% ../../nbs/02c_lora.ipynb #4869f932
 class DonorView:
-    """The donor that a LoRA adapter makes of a recipient, without a second copy of the model: each adapted module is a
-    `LoraModule` on the recipient's own module; every other module *is* the recipient's (grafting it changes nothing)."""
+    """The donor that a LoRA adapter makes of a recipient, without a second copy of the model: each adapted module is
+    a `LoraModule` on the recipient's own module; every other module *is* the recipient's (grafting it changes
+    nothing)."""
 
     def __init__(self, recipient, adapter: Adapter):
         _check_recipient(recipient, adapter)
@@ -313,14 +293,16 @@ class DonorView:
     def __repr__(self):
         return f"DonorView({self.adapter.source}: {len(self.modules)} adapted modules)"
 
-
+# %% ../../nbs/02c_lora.ipynb #9d279341
 def is_lora_donor(donor) -> bool:
-    "Whether `donor` is a LoRA adapter in any form `as_donor` takes: a directory, a `PeftModel`, an `Adapter` or a view."
+    """Whether `donor` is a LoRA adapter in any form `as_donor` takes: a directory, a `PeftModel`, an `Adapter` or a
+    view."""
     return isinstance(donor, (Adapter, DonorView)) or is_peft_model(donor) or adapter_dir(donor) is not None
 
 
 def as_donor(recipient, donor):
-    "The donor to graft from: a LoRA adapter (directory, PeftModel, Adapter) becomes a `DonorView` of `recipient`; a model stays as it is."
+    """The donor to graft from: a LoRA adapter (directory, PeftModel, Adapter) becomes a `DonorView` of `recipient`;
+    a model stays as it is."""
     if isinstance(donor, DonorView):
         return donor if donor.recipient is recipient else DonorView(recipient, donor.adapter)
     if isinstance(donor, (str, os.PathLike)) and adapter_dir(donor) is None:

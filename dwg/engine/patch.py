@@ -9,6 +9,8 @@ import weakref
 from contextlib import contextmanager
 import torch
 from .arch import part_rows
+from .cache import output_cache, passed_cache
+from .hooks import Hooks
 from .lora import is_lora_donor
 from .graft import aligned_mask, as_mask, check_batch_hook, check_compatible, resolve_layers
 from .arch import architecture
@@ -81,16 +83,14 @@ def _hidden_states(args: tuple, kwargs: dict):
     return args[0] if args else kwargs["hidden_states"]
 
 
-def _layer_inputs(model, layers, store: dict) -> list:
-    "Pre-hooks that keep each of `layers`' input hidden states (its residual stream) in `store[layer]`."
+def _keep_layer_inputs(hooks: Hooks, model, layers, store: dict):
+    "Register pre-hooks that keep each of `layers`' input hidden states (its residual stream) in `store[layer]`."
 
     def keep(layer):
         return lambda m, a, kw: store.__setitem__(layer, _hidden_states(a, kw))
 
-    return [
-        _site_module(model, "resid_pre", i)[0].register_forward_pre_hook(keep(i), with_kwargs=True)
-        for i in sorted(set(layers))
-    ]
+    for i in sorted(set(layers)):
+        hooks.before(_site_module(model, "resid_pre", i)[0], keep(i), with_kwargs=True)
 
 
 def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, object]:
@@ -100,26 +100,17 @@ def _record(donor, targets: dict, args: tuple, kwargs: dict) -> tuple[dict, obje
     def keep(key, value):
         acts[key] = value.detach()
 
-    handles = _layer_inputs(donor, [i for s, i in targets if s == "resid_mid"], inputs)
-    try:
+    with Hooks() as hooks:
+        _keep_layer_inputs(hooks, donor, [i for s, i in targets if s == "resid_mid"], inputs)
         for key, (module, _) in targets.items():
             if key[0] == "resid_pre":
-                handles.append(
-                    module.register_forward_pre_hook(
-                        lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True
-                    )
-                )
+                hooks.before(module, lambda m, a, kw, key=key: keep(key, _hidden_states(a, kw)), with_kwargs=True)
             elif key[0] == "resid_mid":  # the layer's input plus what it adds to it before the MLP
-                handles.append(
-                    module.register_forward_hook(lambda m, a, out, key=key: keep(key, inputs[key[1]] + _first(out)))
-                )
+                hooks.after(module, lambda m, a, out, key=key: keep(key, inputs[key[1]] + _first(out)))
             else:
-                handles.append(module.register_forward_hook(lambda m, a, out, key=key: keep(key, _first(out))))
+                hooks.after(module, lambda m, a, out, key=key: keep(key, _first(out)))
         with torch.no_grad():
             out = donor(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
     return acts, out
 
 
@@ -138,9 +129,8 @@ def _replace_first(out, value):
     return (value, *out[1:]) if isinstance(out, tuple) else value
 
 # %% ../../nbs/02b_patch.ipynb #ce529c0d
-_DONOR_CACHES = (
-    weakref.WeakKeyDictionary()
-)  # a recipient's KV cache -> {id(donor): the donor's cache of the same tokens}
+# a recipient's KV cache -> {id(donor): the donor's cache of the same tokens}
+_DONOR_CACHES = weakref.WeakKeyDictionary()
 
 
 def _inputs_key(args: tuple, kwargs: dict) -> tuple:
@@ -172,10 +162,10 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
         acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
         run["acts"].update(acts)
         run["sites"] |= missing
-        run["cache"] = getattr(out, "past_key_values", None)
+        run["cache"] = output_cache(out)
     return run["acts"], None if run["cache"] is None else _SharedCache(run["cache"])
 
-
+# %% ../../nbs/02b_patch.ipynb #a2071389
 def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
     """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
     with `whole`, the recipient runs the columns of that batch that end where `mask` ends (all of them, or a head
@@ -199,7 +189,7 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dic
             )
             state["acts"] = {key: acts[key][:, skipped : mask.shape[1]] for key in targets}  # the mask may end early
             return
-        cache = kwargs.get("past_key_values")
+        name, cache = passed_cache(kwargs)
         if cache is None and runs is not None:
             state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
             return
@@ -207,15 +197,15 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dic
             paired = _DONOR_CACHES.get(cache, {}).get(id(donor))
             if paired is None:
                 raise ValueError(
-                    "patch: this forward continues a KV cache (past_key_values) that was not made inside "
+                    "patch: this forward continues a KV cache that was not made inside "
                     "`patch` with this donor, so the donor has no cache of those tokens. Run the whole "
                     "sequence inside `patch` (its cache can then be continued)."
                 )
             if isinstance(paired, _SharedCache):
                 paired = copy.deepcopy(paired.cache)  # this generation's own copy
-            kwargs = {**kwargs, "past_key_values": paired}
+            kwargs = {**kwargs, name: paired}
         state["acts"], out = _record(donor, targets, args, kwargs)
-        state["donor_cache"] = getattr(out, "past_key_values", None)
+        state["donor_cache"] = output_cache(out)
 
     return hook
 
@@ -224,17 +214,18 @@ def _pair_caches(donor, state: dict):
     "A forward hook on the recipient: pair the donor's KV cache with the recipient's, so generation can continue both."
 
     def hook(module, args, out):
-        mine, theirs = getattr(out, "past_key_values", None), state.pop("donor_cache", None)
+        mine, theirs = output_cache(out), state.pop("donor_cache", None)
         if mine is not None and theirs is not None:
             _DONOR_CACHES.setdefault(mine, {})[id(donor)] = theirs
 
     return hook
 
-
-def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> list:
-    """Hooks that write the donor's activations into each recipient site at the masked positions (`resid_mid`: the
-    module before the residual sum outputs the donor's mid-residual minus the recipient's layer input)."""
-    inputs, handles = state.setdefault("inputs", {}), []
+# %% ../../nbs/02b_patch.ipynb #19eee2a8
+def _splice_hooks(hooks: Hooks, recipient, targets: dict, mask: torch.Tensor, state: dict):
+    """Register the hooks that write the donor's activations into each recipient site at the masked positions
+    (`resid_mid`: the module before the residual sum outputs the donor's mid-residual minus the recipient's layer
+    input)."""
+    inputs = state.setdefault("inputs", {})
     for key, (module, cols) in targets.items():
         if key[0] == "resid_pre":
 
@@ -242,16 +233,16 @@ def _splice_hooks(recipient, targets: dict, mask: torch.Tensor, state: dict) -> 
                 x = _spliced(_hidden_states(args, kwargs), state["acts"][key], mask, cols)
                 return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
 
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.before(module, pre, with_kwargs=True)
         else:
 
             def post(m, args, out, key=key, cols=cols):
                 want = state["acts"][key] - inputs[key[1]] if key[0] == "resid_mid" else state["acts"][key]
                 return _replace_first(out, _spliced(_first(out), want, mask, cols))
 
-            handles.append(module.register_forward_hook(post))
+            hooks.after(module, post)
     # registered last, so they keep the layer input after a `resid_pre` patch of the same layer changed it
-    return handles + _layer_inputs(recipient, [i for s, i in targets if s == "resid_mid"], inputs)
+    _keep_layer_inputs(hooks, recipient, [i for s, i in targets if s == "resid_mid"], inputs)
 
 
 @contextmanager
@@ -273,17 +264,13 @@ def patch(
     idx = resolve_layers(layers, architecture(recipient)["n_layers"])
     keys = [(s, i) for s in resolve_sites(recipient, sites) for i in idx]
     state = {}
-    handles = [
-        recipient.register_forward_pre_hook(check_batch_hook(mask), with_kwargs=True),
-        recipient.register_forward_pre_hook(
-            _donor_pass(donor, {k: _site_module(donor, *k) for k in keys}, state, runs, whole, mask), with_kwargs=True
-        ),
-        recipient.register_forward_hook(_pair_caches(donor, state)),
-    ]
+    donor_targets = {k: _site_module(donor, *k) for k in keys}
     try:
-        handles += _splice_hooks(recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)
-        yield recipient
+        with Hooks() as hooks:
+            hooks.before(recipient, check_batch_hook(mask), with_kwargs=True)
+            hooks.before(recipient, _donor_pass(donor, donor_targets, state, runs, whole, mask), with_kwargs=True)
+            hooks.after(recipient, _pair_caches(donor, state))
+            _splice_hooks(hooks, recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)
+            yield recipient
     finally:
-        for h in handles:
-            h.remove()
         state.clear()

@@ -10,10 +10,10 @@ from tqdm.auto import tqdm
 # %% auto #0
 __all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'token_positions', 'check_example', 'prepare']
 
-# %% ../../nbs/01b_prompts.ipynb #p005
+# %% ../../nbs/01b_prompts.ipynb #4588d2b7
 def _pad_id(tokenizer) -> int:
-    """The token id that fills padding: the tokenizer's pad token, else its eos token (what `dwg.science.models.load` sets),
-    else 0. Any id will do: padding is masked out. The tokenizer itself is left as it is."""
+    """The token id that fills padding: the tokenizer's pad token, else its eos token (what
+    `dwg.science.models.load` sets), else 0. Any id will do: padding is masked out. The tokenizer is left as it is."""
     return next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
 
@@ -36,7 +36,7 @@ def encode(tokenizer, prompts: list[str], device=None) -> dict:
         batch=batch, offsets=[e["offset_mapping"] for e in encs], pads=[width - len(e["input_ids"]) for e in encs]
     )
 
-
+# %% ../../nbs/01b_prompts.ipynb #78d56cfc
 def target_token_ids(tokenizer, prompt: str, target: str) -> list[int]:
     "The token ids `target` gets when it follows `prompt` (tokenized together, so merges match the model's view)."
     p = tokenizer(prompt)["input_ids"]
@@ -57,15 +57,16 @@ def rank_and_prob(logits: torch.Tensor, target_ids: torch.Tensor) -> tuple[torch
     "Rank (0 = best; a token as probable as the target counts as ahead of it) and probability of each row's target."
     probs = logits.softmax(-1)
     tgt = probs.gather(1, target_ids[:, None])
-    return (~(probs < tgt)).sum(-1) - 1, tgt[:, 0]  # a NaN target ranks last
+    # a NaN target ranks last
+    return (~(probs < tgt)).sum(-1) - 1, tgt[:, 0]
 
-
+# %% ../../nbs/01b_prompts.ipynb #3c877bf9
 def batches(items: list, size: int, desc: str | None = None):
     "Consecutive chunks of `items`, with a progress bar when `desc` is given and there is more than one chunk."
     chunks = [items[i : i + size] for i in range(0, len(items), size)]
     return tqdm(chunks, desc=desc, leave=False) if desc and len(chunks) > 1 else chunks
 
-
+# %% ../../nbs/01b_prompts.ipynb #3578e640
 def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: bool = True) -> dict[str, list[int]]:
     "Token indices of each field span in `prompt` (offset-mapping overlap)."
     if not getattr(tokenizer, "is_fast", False):
@@ -80,7 +81,7 @@ def token_positions(tokenizer, prompt: str, spans: dict, add_special_tokens: boo
         out[field] = idx
     return out
 
-
+# %% ../../nbs/01b_prompts.ipynb #d022359d
 def check_example(e) -> None:
     "Raise, naming the example and the fix, unless `e` has a non-empty prompt and target and spans of (start, end)."
     if not isinstance(e, dict):
@@ -96,7 +97,7 @@ def check_example(e) -> None:
     if not isinstance(spans, dict) or not all(pair(s) for s in spans.values()):
         raise ValueError(
             f"Example {e['prompt']!r:.80}: spans must map each role to its (start, end) character offsets "
-            f"in the prompt, e.g. {{'first_actor': [0, 11]}}; got {spans!r:.80}."
+            f"in the prompt, e.g. {{'subject': [0, 11]}}; got {spans!r:.80}."
         )
 
 

@@ -47,6 +47,7 @@ class PadCollator:
         self.pad = pad_token_id
 
     def __call__(self, rows: list[dict]) -> dict:
+        "The padded batch: input ids, attention mask and labels."
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -60,7 +61,7 @@ class PadCollator:
 
 # %% ../../nbs/04b_batches.ipynb #a9c2d002
 class PackCollator:
-    "Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask, little padding."
+    "Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask."
 
     def __init__(self, pad_token_id: int, width: int = 128):
         self.pad, self.width = pad_token_id, width
@@ -76,6 +77,7 @@ class PackCollator:
         return bins
 
     def __call__(self, rows: list[dict]) -> dict:
+        "The packed batch: input ids, labels, position ids, and the count of real tokens."
         bins = self._bins(rows)
         w = max(sum(len(x["input_ids"]) for x in b) for b in bins)
         ids = torch.full((len(bins), w), self.pad, dtype=torch.long)
@@ -85,10 +87,8 @@ class PackCollator:
             o = 0
             for r in b:
                 n = len(r["input_ids"])
-                ids[i, o : o + n], labels[i, o + 1 : o + n] = (
-                    torch.tensor(r["input_ids"]),
-                    torch.tensor(r["labels"][1:]),
-                )
+                ids[i, o : o + n] = torch.tensor(r["input_ids"])
+                labels[i, o + 1 : o + n] = torch.tensor(r["labels"][1:])
                 pos[i, o : o + n] = torch.arange(n)
                 o += n
             pos[i, o:] = torch.arange(w - o)  # the tail is one more (padding) sequence: nothing attends to it
@@ -100,7 +100,7 @@ class PackCollator:
             real_tokens=sum(len(r["input_ids"]) for r in rows),
         )
 
-
+# %% ../../nbs/04b_batches.ipynb #a9c2d002x8
 def packing_works(model, tokenizer=None, atol: float = 1e-3) -> bool:
     "Whether `model` keeps packed texts apart: the logits of two packed texts equal those of each text alone."
     a, b = [3, 5, 7, 9, 11], [4, 6, 8]
@@ -126,9 +126,11 @@ class LengthChunkSampler(torch.utils.data.Sampler):
         self.lengths, self.batch_size, self.chunk, self.seed, self.epoch = list(lengths), batch_size, chunk, seed, 0
 
     def set_epoch(self, epoch: int):
+        "Draw the next batches for `epoch`."
         self.epoch = epoch
 
     def __len__(self) -> int:
+        "The number of texts (indices) in an epoch."
         return len(self.lengths)
 
     def batches(self) -> list[list[int]]:
@@ -143,4 +145,5 @@ class LengthChunkSampler(torch.utils.data.Sampler):
         return full + [b for b in out if len(b) < self.batch_size]
 
     def __iter__(self):
+        "This epoch's indices, batch after batch."
         return iter([i for b in self.batches() for i in b])

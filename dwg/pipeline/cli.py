@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,24 +24,17 @@ from dwg.pipeline.sweep import (
     sweep_name,
     sweep_profiles,
 )
-from dwg.pipeline.runner import (
-    NoSpace,
-    RunBusy,
-    SweepBusy,
-    check_space,
-    estimate_runs,
-    format_status,
-    interrupt_on_sigterm,
-    remove_runs,
-    run_from_graph,
-    runs_to_redo,
-    sweep_lock,
-)
+from .locks import RunBusy, SweepBusy, sweep_lock
+from .space import NoSpace, check_space, estimate_runs
+from .execute import interrupt_on_sigterm, log_to_stderr, remove_runs, run_from_graph, runs_to_redo
+from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 
+logger = logging.getLogger("dwg.pipeline.cli")  # not __name__: as `python -m dwg.pipeline.cli` that is __main__
+
 # %% auto #0
-__all__ = ['cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
+__all__ = ['logger', 'cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
 
 # %% ../../nbs/05d_cli.ipynb #32d31906
 def _at_least(low, kind=int):
@@ -77,7 +71,7 @@ def _which_sweep(sp, default: str = " (default embedded)"):
     g.add_argument("--profile", help=f"packaged sweep: {', '.join(sweep_profiles())}{default}")
     g.add_argument("--sweep", help="a sweep YAML file")
 
-
+# %% ../../nbs/05d_cli.ipynb #586dfd0e
 def _run_parser(sub):
     "The options of `run`."
     r = sub.add_parser("run", help="run a sweep (locally, or --slurm)")
@@ -113,7 +107,7 @@ def _run_parser(sub):
         help="without a terminal (logs, CI), print the running runs' progress at most every S seconds (default 60)",
     )
 
-
+# %% ../../nbs/05d_cli.ipynb #ecf07eb9
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dwg.pipeline.cli", description="Run dwg sweeps: datasets -> models -> grafting -> figures."
@@ -184,7 +178,7 @@ def _prepare(args, graph: dict) -> dict:
         states.update({r.key: "pending" for r in redo})
     return states
 
-
+# %% ../../nbs/05d_cli.ipynb #cf8899ca
 def _run_slurm(args, graph: dict) -> int:
     "`run --slurm`: submit (or write the scripts), save the graph, optionally wait and print the status."
     rd = Path(graph["runs_dir"])
@@ -200,10 +194,7 @@ def _run_slurm(args, graph: dict) -> int:
     try:
         st = wait_slurm(rec, rd, progress=not args.no_progress, log_every=args.log_every)
     except KeyboardInterrupt:
-        print(
-            f"dwg.pipeline.sweep: stopped waiting; the jobs go on. `python -m dwg.pipeline.cli status --runs {rd}` shows them.",
-            file=sys.stderr,
-        )
+        logger.warning(f"stopped waiting; the jobs go on. `python -m dwg.pipeline.cli status --runs {rd}` shows them.")
         return 130
     print(format_status(st))
     return 0 if all(i["state"] == "done" for items in st.values() for i in items) else 1
@@ -222,10 +213,7 @@ def _run_local(args, graph: dict) -> int:
             log_every=args.log_every,
         )
     except KeyboardInterrupt:
-        print(
-            "dwg.pipeline.sweep: interrupted. Finished runs are kept; rerun the same command to continue.",
-            file=sys.stderr,
-        )
+        logger.warning("interrupted. Finished runs are kept; rerun the same command to continue.")
         return 130
     print(stage_summary(graph, res))
     print(f"total {fmt_seconds(time.time() - t0)}")
@@ -234,7 +222,7 @@ def _run_local(args, graph: dict) -> int:
         print(format_status(slurm_status(graph["runs_dir"], graph)))
     return 1 if failed else 0
 
-
+# %% ../../nbs/05d_cli.ipynb #8146256c
 def cmd_run(args) -> int:
     "`run`: validate everything, hold the runs directory (one sweep at a time), check its space, run or submit."
     if args.slurm and not args.dry_run:
@@ -288,7 +276,8 @@ def cmd_show(args) -> int:
 
 
 def main(argv=None) -> int:
-    "Entry point of `python -m dwg.pipeline.cli`."
+    "Entry point of `python -m dwg.pipeline.cli`; dwg's messages go to stderr as `dwg: message`."
+    log_to_stderr()
     args = _parser().parse_args(argv)
     commands = {
         "run": cmd_run,
@@ -299,7 +288,7 @@ def main(argv=None) -> int:
     try:
         return commands[args.cmd](args)
     except (SweepError, RunBusy, SlurmError, SweepBusy, NoSpace) as e:
-        print(f"dwg.pipeline.sweep: error: {e}", file=sys.stderr)
+        logger.error(f"error: {e}")
         return 2
 
 # %% ../../nbs/05d_cli.ipynb #b001efae

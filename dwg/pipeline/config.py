@@ -78,7 +78,7 @@ class TrainConfig:
     lora: dict = field(default_factory=dict)  # LoRA fine-tune (peft) instead of a full one: r, alpha, dropout,
     # target_modules (see LORA_KEYS); empty: full fine-tune
 
-
+# %% ../../nbs/04a_config.ipynb #cfgkeys0
 LORA_KEYS = dict(r=16, alpha=32, dropout=0.0, target_modules="all-linear")  # defaults of a profile's `lora:`
 _CHOICES = dict(
     precision=PRECISIONS,
@@ -93,44 +93,58 @@ def config_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 # %% ../../nbs/04a_config.ipynb #71b6037a
-def _coerce(key: str, typ: str, value, source: str):
-    "`value` as type `typ`, or a ValueError naming `key`."
-    bad = lambda: ValueError(f"Training setting '{key}' in {source} must be {typ}, got {value!r}.")
-    if typ == "bool":
-        if isinstance(value, bool):
-            return value
-        raise bad()
-    if isinstance(value, bool):
-        raise bad()
-    if typ in ("int", "float"):
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad() from None
-        if not isinstance(value, (int, float)):
-            raise bad()
-        if not math.isfinite(value):
-            raise ValueError(f"Training setting '{key}' in {source} must be a finite number, got {value!r}.")
-        if typ == "int":
-            if float(value) != int(value):
-                raise bad()
-            return int(value)
+def _wrong_type(key: str, typ: str, value, source: str) -> ValueError:
+    "The error for a setting that is not of its type."
+    return ValueError(f"Training setting '{key}' in {source} must be {typ}, got {value!r}.")
+
+
+def _as_number(key: str, typ: str, value, source: str):
+    "`value` (a number, or a string of one) as a finite int or float."
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _wrong_type(key, typ, value, source) from None
+    if not isinstance(value, (int, float)):
+        raise _wrong_type(key, typ, value, source)
+    if not math.isfinite(value):
+        raise ValueError(f"Training setting '{key}' in {source} must be a finite number, got {value!r}.")
+    if typ == "float":
         return float(value)
-    if typ == "str":
-        if not isinstance(value, str):
-            raise bad()
-        if key in _CHOICES and value not in _CHOICES[key]:
-            choices = ", ".join(_CHOICES[key])
-            raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {choices}.")
-        return value
-    if typ == "dict":
-        if not isinstance(value, dict):
-            raise bad()
-        return value
-    raise TypeError(f"no rule for type {typ}")
+    if float(value) != int(value):
+        raise _wrong_type(key, typ, value, source)
+    return int(value)
 
 
+def _as_str(key: str, typ: str, value, source: str) -> str:
+    "`value` as a string, one of the choices where the setting has them (`_CHOICES`)."
+    if not isinstance(value, str):
+        raise _wrong_type(key, typ, value, source)
+    if key in _CHOICES and value not in _CHOICES[key]:
+        choices = ", ".join(_CHOICES[key])
+        raise ValueError(f"Training setting '{key}' in {source} is {value!r}; choose one of: {choices}.")
+    return value
+
+
+def _as_dict(key: str, typ: str, value, source: str) -> dict:
+    "`value` as a mapping."
+    if not isinstance(value, dict):
+        raise _wrong_type(key, typ, value, source)
+    return value
+
+
+_COERCE = dict(bool=lambda key, typ, value, source: value, int=_as_number, float=_as_number, str=_as_str, dict=_as_dict)
+
+
+def _coerce(key: str, typ: str, value, source: str):
+    "`value` as type `typ`, or a ValueError naming `key` (a bool is a bool only: YAML reads `yes` as one)."
+    if typ not in _COERCE:
+        raise TypeError(f"no rule for type {typ}")
+    if isinstance(value, bool) != (typ == "bool"):
+        raise _wrong_type(key, typ, value, source)
+    return _COERCE[typ](key, typ, value, source)
+
+# %% ../../nbs/04a_config.ipynb #cfgkeys1
 def _unknown_key_error(bad: list[str], valid: list[str], source: str, what: str) -> ValueError:
     "An error naming the unknown keys, close matches, and every valid key."
     close = {k: difflib.get_close_matches(k, valid, 1) for k in bad}
@@ -176,9 +190,9 @@ def _check_lora(lora: dict, source: str) -> dict:
         )
     return dict(r=r, alpha=alpha, dropout=dropout, target_modules=mods)
 
-
+# %% ../../nbs/04a_config.ipynb #cfgmake1
 def _check_supplemental(cfg: TrainConfig, source: str) -> None:
-    "Errors naming the key: a negative `supplemental`, a `supplemental_file` without it, more passages than the file has."
+    "Errors naming the key: a negative `supplemental`, a `supplemental_file` without it, more passages than it has."
     n, f = cfg.supplemental, cfg.supplemental_file
     if n < 0:
         raise ValueError(
@@ -204,6 +218,30 @@ def _check_supplemental(cfg: TrainConfig, source: str) -> None:
         )
 
 
+_POSITIVE = (
+    "learning_rate",
+    "batch_size",
+    "grad_accum",
+    "eval_batch_size",
+    "max_length",
+    "logging_steps",
+    "save_total_limit",
+    "pack_width",
+    "checkpoint_steps",
+)  # settings that must be > 0
+_AT_LEAST = dict(weight_decay=0, max_grad_norm=0, min_steps=0, warmup_steps=0, length_chunk=1, recall_facts=-1)
+
+
+def _check_bounds(cfg: TrainConfig, source: str) -> None:
+    "Errors naming the setting: one of `_POSITIVE` not > 0, one of `_AT_LEAST` below its least value."
+    for k in _POSITIVE:
+        if getattr(cfg, k) <= 0:
+            raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
+    for k, low in _AT_LEAST.items():
+        if getattr(cfg, k) < low:
+            raise ValueError(f"Training setting '{k}' in {source} must be >= {low}, got {getattr(cfg, k)}.")
+
+# %% ../../nbs/04a_config.ipynb #cfgmake2
 def make_config(data: dict, source: str = "the config") -> TrainConfig:
     "A validated `TrainConfig` from a mapping; unknown keys and wrong types raise a ValueError that names them."
     if not isinstance(data, dict):
@@ -219,30 +257,7 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     if "lora" in vals:
         vals["lora"] = _check_lora(vals["lora"], source)
     cfg = TrainConfig(**vals)
-    positive = (
-        "learning_rate",
-        "batch_size",
-        "grad_accum",
-        "eval_batch_size",
-        "max_length",
-        "logging_steps",
-        "save_total_limit",
-        "pack_width",
-        "checkpoint_steps",
-    )
-    for k in positive:
-        if getattr(cfg, k) <= 0:
-            raise ValueError(f"Training setting '{k}' in {source} must be > 0, got {getattr(cfg, k)}.")
-    for k, low in (
-        ("weight_decay", 0),
-        ("max_grad_norm", 0),
-        ("min_steps", 0),
-        ("warmup_steps", 0),
-        ("length_chunk", 1),
-        ("recall_facts", -1),
-    ):
-        if getattr(cfg, k) < low:
-            raise ValueError(f"Training setting '{k}' in {source} must be >= {low}, got {getattr(cfg, k)}.")
+    _check_bounds(cfg, source)
     if cfg.epochs <= 0 and cfg.max_steps <= 0:
         raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
     if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
@@ -348,7 +363,7 @@ def supplemental_digest(config="embedded", overrides: dict | None = None) -> str
 
 
 def profile_content(config, overrides: dict | None = None) -> dict | None:
-    "A profile file's settings (not its description) and the hash of any general text it mixes in: what a sweep run id hashes."
+    "A profile file's settings (not its description) and the hash of any general text it adds: what a run id hashes."
     p = profile_path(config)
     out = {k: v for k, v in (yaml.safe_load(p.read_text()) or {}).items() if k != "description"} if p else None
     return {**(out or {}), "supplemental_sha256": h} if (h := supplemental_digest(config, overrides)) else out

@@ -16,15 +16,9 @@ import traceback
 from pathlib import Path
 from tqdm import tqdm
 from .sweep import STAGE_ORDER, graph_runs, is_done, run_paths, run_state, save_graph
-from dwg.pipeline.runner import (
-    ProgressNote,
-    interrupt_on_sigterm,
-    process_alive,
-    process_start,
-    run_failure,
-    run_from_graph,
-    running_text,
-)
+from .locks import process_alive, process_start
+from .execute import interrupt_on_sigterm, log_to_stderr, run_failure, run_from_graph
+from .status import ProgressNote, running_text
 
 # %% auto #0
 __all__ = ['start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
@@ -68,7 +62,7 @@ def _redirect_output(log: str):
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
-
+# %% ../../nbs/05b_local.ipynb #e6c3be0c
 def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_pid: int, sweep_start):
     "A child process of the local backend: output to the log, die with the sweep, execute the run, exit."
     code = 1
@@ -78,6 +72,7 @@ def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_p
         os.environ.clear()
         os.environ.update(env)
         _redirect_output(log)
+        log_to_stderr()  # dwg's messages into the run's log
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, interrupt_on_sigterm)
         code = run_from_graph(graph_path, key)
@@ -92,7 +87,7 @@ def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_p
         finally:
             os._exit(code)
 
-
+# %% ../../nbs/05b_local.ipynb #2cf49352
 _FORKSERVER = None
 
 
@@ -116,7 +111,7 @@ def start_forkserver() -> None:
 
 # %% ../../nbs/05b_local.ipynb #b3cbfc1e
 class _Child:
-    "One run executing in a child process: forked from a fork server where available, else `python -m dwg.pipeline.cli run-one`."
+    "A run in a child process: forked from the fork server if there is one, else `python -m dwg.pipeline.cli run-one`."
 
     def __init__(self, graph_path, key: str, log: Path, jobs: int = 1):
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +187,7 @@ def stage_summary(graph: dict, results: dict) -> str:
         lines.append(f"{st:18s} " + " ".join(f"{c:8d}" for c in counts) + times)
     return "\n".join(lines)
 
-
+# %% ../../nbs/05b_local.ipynb #4aa3b5b9
 def _child_state(runs_dir, r, proc: _Child) -> str:
     "How a run whose child process ended finished: done, busy (another process has it), interrupted or failed."
     state = run_state(runs_dir, r, verify=False)
@@ -215,7 +210,7 @@ def _report(runs_dir, r, state: str):
             f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p['notebook']} and {p['log']}"
         )
 
-
+# %% ../../nbs/05b_local.ipynb #31719db2
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:
     "Execute a graph's runs locally, `jobs` at once (progress lines every `log_every` s in logs); {key: {state, ...}}."
     runs_dir = Path(graph["runs_dir"])

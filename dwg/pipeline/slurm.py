@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 from ..runs import atomic_write, read_json
 from .sweep import SECTIONS, STAGE_ORDER, SweepError, graph_runs, is_done, read_graph, run_state, save_graph
-from .runner import ProgressNote, running_text, status
+from .status import ProgressNote, running_text, status
 
 # %% auto #0
 __all__ = ['slurm_options', 'sbatch_script', 'SlurmError', 'require_sbatch', 'submit_slurm', 'slurm_logs', 'slurm_cancelled',
@@ -95,7 +95,7 @@ def require_sbatch() -> str:
         )
     return exe
 
-
+# %% ../../nbs/05c_slurm.ipynb #f1364ec1
 def _queued(job_ids: list[str]) -> list[str]:
     "Lines of `squeue` for jobs still in the queue."
     if not job_ids:
@@ -214,10 +214,10 @@ def slurm_cancelled(runs_dir) -> dict:
 
 
 def slurm_status(runs_dir, graph: dict | None = None) -> dict:
-    "`dwg.pipeline.runner.status` with what the last Slurm submission knows: cancelled runs, the Slurm logs of failed ones."
+    "`dwg.pipeline.status.status` with what the last Slurm submission knows: cancelled runs, failed runs' Slurm logs."
     return status(runs_dir, graph, cancelled=slurm_cancelled(runs_dir), logs=slurm_logs(runs_dir))
 
-
+# %% ../../nbs/05c_slurm.ipynb #776c6294
 def wait_slurm(
     record: dict,
     runs_dir,

@@ -19,9 +19,8 @@ def matmul_rate(
     rows: int = 1024, k: int = 576, n: int = 1536, dtype=torch.float32, seconds: float = 0.5, device="cpu"
 ) -> float:
     "FLOP/s of a timed `rows x k @ k x n` matrix multiply at `dtype` on `device` (after a warm-up)."
-    g = torch.Generator(device=device).manual_seed(
-        0
-    )  # its own generator: a reading leaves training's random state alone
+    # its own generator: a reading leaves training's random state alone
+    g = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(*shape, device=device, generator=g).to(dtype) for shape in ((rows, k), (k, n)))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(3):
@@ -39,16 +38,14 @@ def matmul_shape(config) -> dict:
     "A model's FFN matrix-multiply shape for `matmul_rate` (the grafting bench's reading): hidden x intermediate size."
     return dict(k=config.hidden_size, n=getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
 
-
+# %% ../../nbs/04c_speed.ipynb #f3a1c002x2
 def linear_shapes(model) -> Counter:
     "How many of `model`'s linear layers have each `(in_features, out_features)` shape (a tied output head once)."
     return Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 class StepProducts:
-    """A training step's matrix products alone, timed: each linear shape's forward, input-gradient and weight-gradient
-    products at `rows` tokens, weighted by how many layers have it. Outputs wider than `widest` are timed on a slice of
-    `widest` columns and scaled (a vocabulary head's product runs at the same rate on a sixth of its columns)."""
+    "A training step's matrix products alone, timed: each linear shape's three products at `rows` tokens."
 
     def __init__(
         self, shapes: Counter, rows: int, dtype=torch.float32, device="cpu", widest: int = 8192, work: float = 2e9
@@ -79,15 +76,15 @@ class StepProducts:
             seconds += weight * (time.perf_counter() - t0)
         return self.flops / seconds
 
-
+# %% ../../nbs/04c_speed.ipynb #f3a1c002n6
 class StepTimer(TrainerCallback):
-    """Seconds spent in training steps (forward, backward, optimizer step), and readings of `read` (the matmul rate):
-    `ends` before training, one between steps every `every` steps (under the load the steps run under), `ends` after."""
+    "Seconds spent in training steps (forward, backward, optimizer step), and readings of `read` between them."
 
     def __init__(self, read=None, every: int = 8, ends: int = 3):
         self.seconds, self._t, self.read, self.every, self.ends, self.readings = 0.0, None, read, every, ends, []
 
     def _read(self, n: int):
+        "Take `n` readings of `read`, if any."
         if self.read:
             self.readings += [self.read() for _ in range(n)]
 
@@ -106,10 +103,11 @@ class StepTimer(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         self._read(self.ends)
 
-
+# %% ../../nbs/04c_speed.ipynb #f3a1c002n9
 def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: list[float], dtype: str) -> dict:
     "Training tokens/s against the ceiling `median(flops) / (6 x n_params)` tokens/s; `ratio` is the share reached."
-    rate = statistics.median(flops)  # the readings of a busy virtual machine spread wide: the median holds still
+    # the readings of a busy virtual machine spread wide: the median holds still
+    rate = statistics.median(flops)
     ceiling, tps = rate / (6 * n_params), tokens / seconds if seconds else 0.0
     return dict(
         tokens=tokens,

@@ -5,10 +5,11 @@
 # %% ../../nbs/05_sweep.ipynb #ef174690
 from __future__ import annotations
 import ast
-import fcntl
 import hashlib
 import json
+import logging
 import os
+import string
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import yaml
@@ -17,13 +18,14 @@ from ..science.data import DIRECTIONS
 import dwg
 from ..science import custom, data
 from ..runs import atomic_write, check_outputs, file_problem, is_finished, read_json
+from .locks import lock_holder
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATION_TRAINING', 'SECTIONS', 'TOP_KEYS',
-           'DATASET_KEYS', 'SLURM_KEYS', 'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir', 'sweep_profiles',
-           'stage_plans', 'sweep_name', 'load_sweep', 'Run', 'run_id', 'expand', 'run_paths', 'is_done', 'run_state',
-           'default_notebooks_dir', 'notebook_parameters', 'papermill_parameters', 'check_notebooks', 'make_graph',
-           'graph_runs', 'save_graph', 'read_graph', 'resolve_params']
+           'DATASET_KEYS', 'SLURM_KEYS', 'logger', 'STATES', 'PROGRESS', 'Stage', 'SweepError', 'sweeps_dir',
+           'sweep_profiles', 'stage_plans', 'sweep_name', 'load_sweep', 'Run', 'run_id', 'expand', 'run_paths',
+           'is_done', 'run_state', 'default_notebooks_dir', 'notebook_parameters', 'papermill_parameters',
+           'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph', 'resolve_params']
 
 # %% ../../nbs/05_sweep.ipynb #6123e563
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ SECTIONS = {
 TOP_KEYS = ["name", "description", "jobs", "models", "datasets", *SECTIONS]
 DATASET_KEYS = dict(kind=None, n_facts=30, seed=0, facts=None, templates=None)  # facts, templates: kind custom only
 SLURM_KEYS = [k for k in SECTIONS["slurm"] if k != "stages"]
+
+# %% ../../nbs/05_sweep.ipynb #1ceb867d
+logger = logging.getLogger(__name__)
 
 
 class SweepError(ValueError):
@@ -206,7 +211,7 @@ def _check_models(models, problems):
 
 # %% ../../nbs/05_sweep.ipynb #6b0d2a11
 def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | None:
-    "Resolve a custom dataset's files against `base` (in `spec`), read and check them; the number of facts."
+    "Resolve a custom dataset's files against `base` (in `spec`), read and check them, note its roles; its fact count."
     for key in ("facts", "templates"):
         if not isinstance(spec[key], str):
             problems.append(f"{where}: kind custom needs '{key}:', a path (relative to the sweep file).")
@@ -217,38 +222,37 @@ def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | No
     except (OSError, ValueError) as e:
         problems.append(f"{where}: {e}")
         return None
-    spec["eval_templates"] = list(tpl["eval"])
+    spec["eval_roles"] = _custom_roles(tpl)
     return len(rows)
 
 
 def _check_dataset(name: str, spec, problems: list, base: Path = Path(".")) -> dict | None:
-    "One dataset spec with defaults filled in, or None (and its problems appended)."
+    "One dataset spec with defaults filled in and its prompts' roles (`eval_roles`), or None (and its problems noted)."
     where, kinds = f"datasets.{name}", (*data.KINDS, custom.CUSTOM_KIND)
+    if isinstance(spec, dict):  # a sweep loaded before carries its derived roles: they are worked out again
+        spec = {k: v for k, v in spec.items() if k != "eval_roles"}
     if bad := _problems_keys(spec, DATASET_KEYS, where):
         problems.extend(bad)
         return None
-    spec = {
-        **DATASET_KEYS,
-        **spec,
-        **({} if "n_facts" in spec else {"n_facts": "max"} if spec.get("kind") == "custom" else {}),
-    }
+    spec = {**DATASET_KEYS, **({"n_facts": "max"} if spec.get("kind") == custom.CUSTOM_KIND else {}), **spec}
     if spec["kind"] not in kinds:
         problems.append(f"{where}: unknown kind {spec['kind']!r}. Valid kinds: {', '.join(kinds)}.")
         return None
     if spec["kind"] != custom.CUSTOM_KIND and (extra := [k for k in ("facts", "templates") if spec[k] is not None]):
         problems.append(f"{where}: {', '.join(extra)} only go with kind custom (your own facts).")
         return None
-    mx = (
-        data.max_facts(spec["kind"])
-        if spec["kind"] != custom.CUSTOM_KIND
-        else _custom_spec(spec, where, base, problems)
-    )
-    if mx is None:
+    if _not_integer(spec["seed"], 0):
+        problems.append(f"{where}: seed must be an integer >= 0, got {spec['seed']!r}.")
+    if spec["kind"] == custom.CUSTOM_KIND:
+        most = _custom_spec(spec, where, base, problems)
+    else:
+        most, spec["eval_roles"] = data.max_facts(spec["kind"]), _kind_roles()
+    if most is None:
         return None
     if spec["n_facts"] == "max":
-        spec["n_facts"] = mx
-    if not isinstance(spec["n_facts"], int) or not 2 <= spec["n_facts"] <= mx:
-        problems.append(f"{where}: n_facts must be an integer in [2, {mx}] or 'max', got {spec['n_facts']!r}.")
+        spec["n_facts"] = most
+    if _not_integer(spec["n_facts"], 2) or spec["n_facts"] > most:
+        problems.append(f"{where}: n_facts must be an integer in [2, {most}] or 'max', got {spec['n_facts']!r}.")
         return None
     return spec
 
@@ -261,8 +265,37 @@ def _check_datasets(datasets, problems, base: Path = Path(".")) -> dict:
     specs = {name: _check_dataset(name, spec, problems, base) for name, spec in datasets.items()}
     return {name: spec for name, spec in specs.items() if spec is not None}
 
+# %% ../../nbs/05_sweep.ipynb #b4db0cd9
+def _fields(template: str) -> list[str]:
+    "The fields a template names, in order (templates are checked where they are read)."
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
 
-def _check_templates(templates, where, problems, datasets: dict | None = None):
+
+def _kind_roles() -> dict[str, list[str]]:
+    "Each evaluation template of the packaged kinds -> its prompts' span roles: its fields, not the paper's slots."
+    return {n: [f for f in _fields(t) if f not in data.SLOT_FIELDS] for n, t in data.EVAL_TEMPLATES.items()}
+
+
+def _custom_roles(tpl: dict) -> dict[str, list[str]]:
+    "Each evaluation prompt of a custom templates spec -> its span roles: the fields before the target, first_actor."
+    return {
+        n: list(dict.fromkeys([*(f for f in _fields(e["template"]) if f != e["target"]), custom.FE_ALIAS]))
+        for n, e in tpl["eval"].items()
+    }
+
+
+def _dataset_roles(spec: dict, templates="all") -> list[str]:
+    "The span roles of a checked dataset spec's evaluation prompts (those of `templates`, a list of names, or all)."
+    chosen = templates if isinstance(templates, list) else list(spec["eval_roles"])
+    return sorted({r for t in chosen for r in spec["eval_roles"].get(t, [])})
+
+
+def _not_integer(v, low: int) -> bool:
+    "Whether `v` is not an integer >= `low` (a bool is not one)."
+    return not isinstance(v, int) or isinstance(v, bool) or v < low
+
+# %% ../../nbs/05_sweep.ipynb #tplopt01
+def _check_templates(templates, where, problems, datasets: dict):
     "'all', 'paper' (the paper's four evaluation prompts) or a list of names each of the `datasets` has."
     if templates == "all":
         return "all"
@@ -271,14 +304,20 @@ def _check_templates(templates, where, problems, datasets: dict | None = None):
     if not isinstance(templates, list) or not templates:
         problems.append(f"{where}: templates must be 'all', 'paper' or a list of template names.")
         return templates
-    for name, d in (datasets or {"": {}}).items():
-        have = d.get("eval_templates") or list(data.EVAL_TEMPLATES)
+    for name, d in datasets.items():
+        have = list(d["eval_roles"])
         if bad := [t for t in templates if t not in have]:
             problems.append(
-                f"{where}: unknown template(s) {bad}{f' for dataset {name!r}' if name else ''}. Valid: "
-                f"{', '.join(have)}; or 'all'."
+                f"{where}: unknown template(s) {bad} for dataset {name!r}. Valid: {', '.join(have)}; or 'all'."
             )
     return templates
+
+
+def _plan_names(plans) -> set[str]:
+    "The names of a section's plans (a plan file's plan by its own name); none if they are not a list of plans."
+    if not isinstance(plans, (str, list)) or not all(isinstance(p, (str, dict)) for p in plans):
+        return set()
+    return {p if isinstance(p, str) else p.get("name") for p in plans_mod.spell_out(plans)}
 
 
 def _check_grafting_options(sec: dict, where: str, problems: list):
@@ -292,22 +331,83 @@ def _check_grafting_options(sec: dict, where: str, problems: list):
     if not isinstance(gen := sec.get("generate", False), bool) and not plans_mod.among(gen, sec["plans"]):
         problems.append(
             f"{where}.generate must be true, false or a list of the section's plans and plan groups "
-            f"(those also decode the whole name), got {gen!r}."
+            f"(those also decode the whole name; not plan files), got {gen!r}."
         )
     for key, low in (("batch_size", 1), ("max_examples", 0), ("seed", 0)):
-        v = sec.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
+        if (v := sec.get(key)) is not None and _not_integer(v, low):
             problems.append(f"{where}.{key} must be an integer >= {low}, got {v!r}.")
     if (rev := sec.get("reversal_plans")) is not None and (
-        not isinstance(rev, list) or not set(rev) <= set(sec["plans"])
+        not isinstance(rev, list) or not set(rev) <= _plan_names(sec["plans"])
     ):
         problems.append(
             f"{where}.reversal_plans must be a list of the section's plans (also scored on B2A prompts), got {rev!r}."
         )
 
+# %% ../../nbs/05_sweep.ipynb #1436bafc
+def _plan_entries(value, base: Path, where: str):
+    "A section's `plans:` as a list, each plan file (relative to the sweep file) read into its plan as plain data."
+    entries = [value] if isinstance(value, str) else value
+    if not isinstance(entries, list) or not all(isinstance(p, str) for p in entries):
+        raise SweepError(f"{where}: plans must be a group name or a list of plan and group names and plan files.")
+    try:
+        return [
+            plans_mod.plan_data(plans_mod.load_plan_file(base / Path(p).expanduser()))
+            if plans_mod.is_plan_file(p)
+            else p
+            for p in entries
+        ]
+    except ValueError as e:
+        raise SweepError(f"{where}: {e}") from None
+
+
+def _named_alone(entries: list) -> set[str]:
+    "The plans a section names one by one (by name or file, not through a group or depth family)."
+    together = {*plans_mod.plan_groups(), *plans_mod.DEPTH_FAMILIES}
+    return {p if isinstance(p, str) else p["name"] for p in entries if not (isinstance(p, str) and p in together)}
+
+
+def _graft_plans(plans: list) -> list:
+    "The GraftPlans of resolved plan entries (a depth family's at a nominal depth: the roles do not depend on it)."
+    catalog, names = plans_mod.paper_plans(), plans_mod.expand_plans(plans, 4)
+    return [catalog[p] if isinstance(p, str) and p in catalog else plans_mod.get_plan(p) for p in names]
+
+# %% ../../nbs/05_sweep.ipynb #planrol1
+def _role_problems(graft: list, alone: set, name: str, roles: list, where: str) -> list[str]:
+    "A plan (of the GraftPlans `graft`) named alone grafting at a role dataset `name`'s prompts lack, or none to run."
+    missing = {p.name: bad for p in graft if (bad := plans_mod.unknown_roles(p, roles))}
+    have = f"its roles: {', '.join(roles)}; and always last_token, all"
+    out = [
+        f"{where}: plan '{plan}' grafts at position role(s) {bad}, which the prompts of dataset '{name}' do not "
+        f"have ({have}). Fix the spelling, or graft at a role the dataset has."
+        for plan, bad in missing.items()
+        if plan in alone
+    ]
+    if not out and missing and len(missing) == len(graft):
+        out.append(f"{where}: no plan can run on dataset '{name}': each grafts at a role its prompts lack ({have}).")
+    elif left := [p for p in missing if p not in alone]:
+        logger.info(
+            f"{where}: dataset '{name}' has no position role(s) {sorted({r for p in left for r in missing[p]})}; "
+            f"its runs leave out {len(left)} plan(s) of the groups: {', '.join(left)}"
+        )
+    return out
+
+
+def _check_plans(sec: dict, stage: str, datasets: dict, base: Path, problems: list):
+    "Resolve a grafting section's plans once, into `sec`; note those that cannot run on one of its datasets."
+    where = f"{stage}.plans"
+    try:
+        entries = _plan_entries(sec["plans"], base, where)
+        sec["plans"] = stage_plans(entries, stage, where)
+    except SweepError as e:
+        problems.append(str(e))
+        return
+    graft, alone = _graft_plans(sec["plans"]), _named_alone(entries)
+    for name, spec in datasets.items():
+        problems += _role_problems(graft, alone, name, _dataset_roles(spec), where)
+
 # %% ../../nbs/05_sweep.ipynb #feab02bb
-def _check_train(train: dict, problems: list, datasets: list):
-    "The training profile exists and loads, the overrides apply to it (dwg.pipeline.train's checks), the direction is known."
+def _check_dataset_overrides(train: dict, datasets: list, problems: list) -> dict:
+    "train.dataset_overrides as checked ({} once its problem is noted): dataset names -> settings."
     do = train["dataset_overrides"] or {}
     if not isinstance(do, dict) or not set(do) <= set(datasets) or not all(isinstance(v, dict) for v in do.values()):
         problems.append(
@@ -315,7 +415,11 @@ def _check_train(train: dict, problems: list, datasets: list):
             f"{{{datasets[0]}: {{min_steps: 144}}}}, got {do!r}."
         )
         do = {}
-    train["dataset_overrides"] = do  # checked (or emptied once its problem is noted): _overrides reads it
+    return do
+
+
+def _check_profile(train: dict, problems: list):
+    "The training profile exists and loads, and the overrides apply to it (dwg.pipeline.train's checks)."
     from dwg.pipeline import config  # transformers: loaded only when a sweep file is checked
 
     cfg, path = train["config"], config.profile_path(train["config"])
@@ -331,12 +435,20 @@ def _check_train(train: dict, problems: list, datasets: list):
             profile = config.load_profile(str(path))
         except (ValueError, TypeError) as e:
             problems.append(f"train.config: {e}")
-        else:
-            for d in [None, *do]:
-                try:
-                    config.resolve_config(profile, _overrides(train, d))
-                except (ValueError, TypeError) as e:
-                    problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
+            return
+        for d in [None, *train["dataset_overrides"]]:
+            try:
+                config.resolve_config(profile, _overrides(train, d))
+            except (ValueError, TypeError) as e:
+                problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
+
+
+def _check_train(train: dict, problems: list, datasets: list):
+    "The training section: dataset overrides, profile and overrides, seed, direction and the relation model's facts."
+    train["dataset_overrides"] = _check_dataset_overrides(train, datasets, problems)  # _overrides reads it
+    _check_profile(train, problems)
+    if _not_integer(train["seed"], 0):
+        problems.append(f"train.seed must be an integer >= 0, got {train['seed']!r}.")
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
     if train["relation_model"] not in RELATION_TRAINING:
@@ -345,7 +457,61 @@ def _check_train(train: dict, problems: list, datasets: list):
             f"or half (only the relation facts), got {train['relation_model']!r}."
         )
 
+# %% ../../nbs/05_sweep.ipynb #35f3bc5b
+def _check_localize_roles(loc: dict, datasets: dict, problems: list):
+    "Localisation roles: span roles the chosen prompts of each dataset have, `last_token` or `other`."
+    from dwg.engine.interpolate import SPECIAL_ROLES, check_roles  # torch: loaded when a sweep is checked anyway
 
+    try:
+        roles = check_roles(loc["roles"])
+    except (ValueError, TypeError) as e:
+        problems.append(f"localize.roles: {e}")
+        return
+    for name, spec in datasets.items():
+        have = _dataset_roles(spec, loc["templates"])
+        if bad := [r for r in roles if r not in SPECIAL_ROLES and r not in have]:
+            problems.append(
+                f"localize.roles: {bad} occur in no prompt of dataset '{name}' (templates {loc['templates']}); "
+                f"its roles there: {', '.join(have)}; and always {', '.join(SPECIAL_ROLES)}."
+            )
+
+
+def _is_share(v) -> bool:
+    "Whether `v` is a number in (0, 1]."
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+
+
+def _check_localize(loc: dict, datasets: dict, problems: list):
+    "The localisation section: roles, component lists, integrated-gradient steps, the search's target and budget."
+    _check_localize_roles(loc, datasets, problems)
+    entry = lambda c: isinstance(c, str) or isinstance(c, list) and c and all(isinstance(x, str) for x in c)
+    for key, least in (("components", 1), ("validate_components", 0)):
+        if not isinstance(v := loc[key], list) or len(v) < least or not all(entry(c) for c in v):
+            problems.append(
+                f"localize.{key} must be a list of {'at least one ' * least}component names or groups "
+                f"(e.g. [q, o, ffn, globals]; a list in it is one cell), got {v!r}."
+            )
+    for key, low in (("steps", 1), ("bench_repeat", 0)):
+        if _not_integer(loc[key], low):
+            problems.append(f"localize.{key} must be an integer >= {low}, got {loc[key]!r}.")
+    for key in ("target", "max_fraction"):
+        if not _is_share(loc[key]):
+            problems.append(f"localize.{key} must be a number in (0, 1], got {loc[key]!r}.")
+
+
+def _check_figures(figures: dict, datasets: dict, problems: list):
+    "The figures section: k, per_dataset and k_by_dataset."
+    if figures["k"] is not None and _not_integer(figures["k"], 1):
+        problems.append(f"figures.k must be an integer >= 1 (top-k beside top-1), got {figures['k']!r}.")
+    if not isinstance(figures["per_dataset"], bool):
+        problems.append(f"figures.per_dataset must be true or false, got {figures['per_dataset']!r}.")
+    kd = figures["k_by_dataset"] or {}
+    if not isinstance(kd, dict) or any(d not in datasets or _not_integer(k, 1) for d, k in kd.items()):
+        problems.append(f"figures.k_by_dataset must map dataset names ({', '.join(datasets)}) to k >= 1, got {kd!r}.")
+    if kd and not figures["per_dataset"]:
+        problems.append("figures.k_by_dataset needs per_dataset: true.")
+
+# %% ../../nbs/05_sweep.ipynb #c3a9a1e1
 def _read_sections(raw: dict, problems: list) -> dict:
     "Each section of a raw sweep with its defaults filled in (None: the section is off)."
     out = {}
@@ -361,47 +527,45 @@ def _read_sections(raw: dict, problems: list) -> dict:
     return out
 
 
-def _check_sections(s: dict, problems: list):
-    "Problems across the sections: grafting without training, plans, templates, options, training, Slurm stages."
+def _covered(s: dict, sec: str) -> dict:
+    "The dataset specs a section's pairs use (all of them if its pairs are wrong: that error comes with the graph)."
+    try:
+        names = {d for _, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
+    except SweepError:
+        names = set(s["datasets"])
+    return {d: v for d, v in s["datasets"].items() if d in names}
+
+
+def _check_slurm(slurm: dict) -> list[str]:
+    "Problems with the per-stage Slurm settings' keys."
+    stages = slurm["stages"] or {}
+    return _problems_keys(stages, STAGE_ORDER, "slurm.stages") + [
+        p for k, v in stages.items() for p in _problems_keys(v, SLURM_KEYS, f"slurm.stages.{k}")
+    ]
+
+
+def _check_sections(s: dict, problems: list, base: Path = Path(".")):
+    "Problems across the sections: grafting without training, plans, templates, options, training, figures, Slurm."
     if s["train"] is None and any(s[sec] for sec in MODEL_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
-    for sec in GRAFT_SECTIONS:
-        if not s[sec]:
-            continue
-        try:
-            s[sec]["plans"] = stage_plans(s[sec]["plans"], sec, f"{sec}.plans")
-        except SweepError as e:
-            problems.append(str(e))
-        try:
-            covered = {d for _, d in _pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
-        except SweepError:
-            covered = set(s["datasets"])  # a bad pair's own error comes when the graph is expanded
-        s[sec]["templates"] = _check_templates(
-            s[sec]["templates"], f"{sec}.templates", problems, {d: v for d, v in s["datasets"].items() if d in covered}
-        )
+    for sec in [sec for sec in MODEL_SECTIONS if s[sec]]:
+        datasets = _covered(s, sec)
+        s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems, datasets)
+        if sec in GRAFT_SECTIONS:
+            _check_plans(s[sec], sec, datasets, base, problems)
+        else:
+            _check_localize(s[sec], datasets, problems)
         _check_grafting_options(s[sec], sec, problems)
-    if s["localize"]:
-        s["localize"]["templates"] = _check_templates(s["localize"]["templates"], "localize.templates", problems)
-        _check_grafting_options(s["localize"], "localize", problems)
     if s["train"]:
         _check_train(s["train"], problems, list(s["datasets"]))
-    kd = (s["figures"] or {}).get("k_by_dataset") or {}
-    if not isinstance(kd, dict) or any(
-        d not in s["datasets"] or not isinstance(k, int) or k < 1 for d, k in kd.items()
-    ):
-        problems.append(
-            f"figures.k_by_dataset must map dataset names ({', '.join(s['datasets'])}) to k >= 1, got {kd!r}."
-        )
-    if kd and not s["figures"].get("per_dataset"):
-        problems.append("figures.k_by_dataset needs per_dataset: true.")
+    if s["figures"]:
+        _check_figures(s["figures"], s["datasets"], problems)
     if s["slurm"]:
-        stages = s["slurm"]["stages"] or {}
-        problems += _problems_keys(stages, STAGE_ORDER, "slurm.stages")
-        for k, v in stages.items():
-            problems += _problems_keys(v, SLURM_KEYS, f"slurm.stages.{k}")
+        problems += _check_slurm(s["slurm"])
 
-
+# %% ../../nbs/05_sweep.ipynb #b639e165
 def _raise_problems(source: str, problems: list):
+    "A `SweepError` listing every problem noted, if there is one."
     if problems:
         raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
@@ -418,18 +582,16 @@ def load_sweep(sweep) -> dict:
         source=source,
         jobs=raw.get("jobs", 1),
     )
-    if not isinstance(s["jobs"], int) or s["jobs"] < 1:
+    if _not_integer(s["jobs"], 1):
         problems.append(f"jobs: must be an integer >= 1, got {s['jobs']!r}.")
     problems += [f"'{key}' is missing." for key in ("models", "datasets") if key not in raw]
     _check_models(raw.get("models"), problems)
     s["models"] = list(raw.get("models") or [])
-    base = (
-        Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")
-    )  # custom facts: relative to the sweep file
+    base = Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")  # files: relative to the sweep file
     s["datasets"] = _check_datasets(raw.get("datasets"), problems, base)
     s.update(_read_sections(raw, problems))
     _raise_problems(source, problems)
-    _check_sections(s, problems)
+    _check_sections(s, problems, base)
     _raise_problems(source, problems)
     return s
 
@@ -516,7 +678,7 @@ def _model_runs(s: dict, ds: dict) -> dict:
             models[(m, d, split)] = _make("models", f"{m}:{d}:{role}", p, [ds[d].key], extra)
     return models
 
-
+# %% ../../nbs/05_sweep.ipynb #73d3b7a4
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section and (model, dataset) pair."
     grafts = []
@@ -538,7 +700,7 @@ def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
 
 
 def _dataset_run(name: str, d: dict) -> Run:
-    "The dataset run of one spec; its id hashes what decides the data (a custom dataset's files' content, not where they are)."
+    "The dataset run of one spec; its id hashes what decides the data (a custom dataset's file contents, not paths)."
     r = _make(
         "datasets",
         name,
@@ -596,20 +758,7 @@ def is_done(runs_dir, run) -> bool:
     "Whether `run` finished (its run record is in the final directory); its outputs are not checked."
     return is_finished(run_paths(runs_dir, run)["out"])
 
-
-def _locked(path: Path) -> bool:
-    "Whether another process holds the lock file `path`."
-    if not path.exists():
-        return False
-    with open(path) as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return False
-
-
+# %% ../../nbs/05_sweep.ipynb #2c5c6082
 def _failed_kind(failed: Path) -> str:
     "'interrupted' or 'failed', as a run's FAILED file says."
     try:
@@ -623,7 +772,7 @@ def run_state(runs_dir, run, verify: bool = True) -> str:
     p = run_paths(runs_dir, run)
     if is_finished(p["out"]):
         return "corrupt" if verify and check_outputs(p["out"]) else "done"
-    if _locked(p["lock"]):
+    if lock_holder(p["lock"]) is not None:  # read without taking the lock: a probe never blocks a run
         return "running"
     if (p["tmp"] / "FAILED").exists():
         return _failed_kind(p["tmp"] / "FAILED")
@@ -666,7 +815,7 @@ def papermill_parameters(path) -> list[str]:
 
     return list(papermill.inspect_notebook(str(path)))
 
-
+# %% ../../nbs/05_sweep.ipynb #d4fef259
 def _notebook_problem(stage: str, runs: list[Run], nb: Path) -> str | None:
     "Why `nb` cannot run `stage`'s runs, or None."
     if not nb.is_file():

@@ -45,8 +45,9 @@ __all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_ha
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX) and torch may use it: with `ATEN_CPU_CAPABILITY=avx2`
-    (and `ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`) an AVX512 machine trains as an AVX2-only one would."""
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX) and torch may use it: with
+    `ATEN_CPU_CAPABILITY=avx2` (and `ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`) an AVX512 machine trains
+    as an AVX2-only one would."""
     if not any(isa in torch.backends.cpu.get_cpu_capability() for isa in ("AVX512", "AMX")):
         return False
     try:
@@ -101,7 +102,7 @@ def select_rows(rows: list[dict], direction: str = "all", split: str = "all") ->
 
 # %% ../../nbs/04_train.ipynb #d5e1a002
 def supplemental_rows(n: int, seed: int = 0, path: str | os.PathLike | None = None) -> list[dict]:
-    "`n` passages of `general_texts(path)` drawn without replacement with `seed`, as training rows (loss on every token)."
+    "`n` passages of `general_texts(path)` drawn without replacement with `seed`, as training rows."
     if n <= 0:
         return []
     texts = general_texts(path)
@@ -117,6 +118,7 @@ def supplemental_rows(n: int, seed: int = 0, path: str | os.PathLike | None = No
 
 # %% ../../nbs/04_train.ipynb #26935fa1
 def _tokenizer_name(tokenizer) -> str:
+    "The tokenizer's name or path, or an empty string."
     return str(getattr(tokenizer, "name_or_path", "") or "")
 
 
@@ -134,7 +136,8 @@ def check_tokenizer(tokenizer, info: dict, eval_rows: list[dict], model=None) ->
             )
     if model is not None and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         raise ValueError(
-            f"The tokenizer has {len(tokenizer)} tokens but the model only {model.get_input_embeddings().weight.shape[0]} embeddings."
+            f"The tokenizer has {len(tokenizer)} tokens but the model only "
+            f"{model.get_input_embeddings().weight.shape[0]} embeddings."
         )
     problems = []
     for r in eval_rows:
@@ -150,7 +153,8 @@ def check_tokenizer(tokenizer, info: dict, eval_rows: list[dict], model=None) ->
         r, why = problems[0]
         raise ValueError(
             f"{len(problems)} of {len(eval_rows)} eval examples do not tokenize cleanly with "
-            f"{_tokenizer_name(tokenizer) or 'this tokenizer'} ({why}: prompt {r['prompt']!r}, target {r['target']!r}). "
+            f"{_tokenizer_name(tokenizer) or 'this tokenizer'} ({why}: prompt {r['prompt']!r}, "
+            f"target {r['target']!r}). "
             "Eval prompts must end right before the answer and targets start with a space."
         )
 
@@ -174,9 +178,9 @@ def freeze_embeddings(model, embeddings: bool = False, unembeddings: bool = Fals
             names.append(n)
     return names
 
-
+# %% ../../nbs/04_train.ipynb #6b3a2123x6
 def with_lora(model, lora: dict, base_name: str):
-    "`model` (changed in place) as a peft `PeftModel` with the LoRA adapter of a profile's `lora:` settings; its base is `base_name`."
+    "`model` (changed in place) as a peft `PeftModel` with a profile's `lora:` adapter, based on `base_name`."
     from peft import LoraConfig, get_peft_model  # only LoRA runs need peft
 
     cfg = LoraConfig(
@@ -223,7 +227,7 @@ def sample_recall_examples(eval_rows: list[dict], fact_ids: list[str], n_facts: 
     keep = set(ids)
     return [r for r in eval_rows if r["fact_id"] in keep]
 
-
+# %% ../../nbs/04_train.ipynb #bdf65a3fn6
 def _due(state, every: int) -> bool:
     "Is this epoch's end a checkpoint/recall epoch (every `every` epochs, and the last; `every` 0: the last only)?"
     return (every > 0 and round(state.epoch or 0) % every == 0) or state.global_step >= state.max_steps
@@ -240,15 +244,15 @@ class SparseCheckpoints(TrainerCallback):
         if not _due(state, self.every) or (last and not self.keep_last):
             control.should_save = False
 
-
+# %% ../../nbs/04_train.ipynb #bdf65a3fn9
 class RecallCallback(TrainerCallback):
-    """Before training, after every `every` epochs and at the end, log the recall of the trained facts' targets (`every`
-    0: at the end only)."""
+    "Log the recall of the trained facts' targets before training, every `every` epochs (0: none) and at the end."
 
     def __init__(self, tokenizer, examples: list[dict], batch_size: int = 32, verbose: bool = True, every: int = 1):
         self.tok, self.examples, self.bs, self.verbose, self.every = tokenizer, examples, batch_size, verbose, every
 
     def _log(self, state, model):
+        "Append the recall of `model` to the log history (and print it)."
         if not self.examples:
             return
         m = recall_metrics(model, self.tok, self.examples, self.bs)
@@ -262,8 +266,8 @@ class RecallCallback(TrainerCallback):
         )
         if self.verbose and state.is_world_process_zero:
             print(
-                f"dwg.pipeline.train: epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} top-5 {m['recall_top5']:.3f} "
-                f"(n={len(self.examples)})",
+                f"dwg.pipeline.train: epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} "
+                f"top-5 {m['recall_top5']:.3f} (n={len(self.examples)})",
                 file=sys.stderr,
             )
 
@@ -290,9 +294,8 @@ def epoch_metrics(log_history: list[dict]) -> list[dict]:
     losses: dict[int, list] = {}
     for h in log_history:
         ep = h.get("epoch", 0) or 0
-        key = (
-            int(round(ep)) if abs(ep - round(ep)) < 1e-6 else int(ep) + 1
-        )  # a step log mid-epoch 2.3 belongs to epoch 3
+        # a step log mid-epoch 2.3 belongs to epoch 3
+        key = int(round(ep)) if abs(ep - round(ep)) < 1e-6 else int(ep) + 1
         row = rows.setdefault(key, dict(epoch=key))
         if "loss" in h:
             losses.setdefault(key, []).append(h["loss"])
@@ -325,18 +328,21 @@ def _dataset_fingerprint(ds: Path) -> str:
 
 # %% ../../nbs/04_train.ipynb #a077fe8a
 def _is_main() -> bool:
+    "Whether this is the main process (of a multi-GPU run, or the only one)."
     return int(os.environ.get("RANK", "0")) == 0
 
 
 def _device_type(device) -> str:
+    "The type (`cpu`, `cuda`) of `device`, or of the device the run would take."
     if device is not None:
         return torch.device(device).type
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def epoch_steps(cfg: TrainConfig, n_texts: int, world_size: int | None = None) -> int:
-    "Optimizer steps in an epoch of `n_texts` (`world_size` processes each take a batch a step; default: WORLD_SIZE or 1)."
-    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))  # processes under accelerate launch
+    "Optimizer steps in an epoch of `n_texts` when `world_size` processes (default: WORLD_SIZE or 1) each take a batch."
+    # processes under accelerate launch
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
     return max(1, math.ceil(n_texts / (cfg.batch_size * cfg.grad_accum * world_size)))
 
 
@@ -352,7 +358,7 @@ def checkpoint_epochs(cfg: TrainConfig, n_texts: int, world_size: int | None = N
         return 1  # every evaluated epoch needs its checkpoint
     return max(1, math.ceil(cfg.checkpoint_steps / epoch_steps(cfg, n_texts, world_size)))
 
-
+# %% ../../nbs/04_train.ipynb #a077fe8ax1
 def _callbacks(cfg: TrainConfig, tok, examples: list[dict], n_texts: int, progress: bool) -> list:
     "The recall log and the checkpoints, every `checkpoint_epochs` epochs, and the progress file's steps."
     every = checkpoint_epochs(cfg, n_texts)
@@ -411,7 +417,7 @@ def training_args(
     )
     return TrainingArguments(**{**kw, **cfg.trainer})
 
-
+# %% ../../nbs/04_train.ipynb #a077fe8an15
 class _Trainer(Trainer):
     "The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length."
 
@@ -420,7 +426,8 @@ class _Trainer(Trainer):
         self.length_chunk, self.tokens = length_chunk, [0, 0]
 
     def _prepare_inputs(self, inputs):
-        return super()._prepare_inputs({k: v for k, v in inputs.items() if k != "real_tokens"})  # a count, not an input
+        "The batch without its `real_tokens` count (a count, not an input)."
+        return super()._prepare_inputs({k: v for k, v in inputs.items() if k != "real_tokens"})
 
     def training_step(self, model, inputs, *args, **kwargs):
         "One forward and backward pass; counts its real and computed (padded) tokens."
@@ -432,6 +439,7 @@ class _Trainer(Trainer):
         return super().training_step(model, inputs, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset=None):
+        "`LengthChunkSampler` when the profile groups texts by length, else the `Trainer`'s own sampler."
         if not self.length_chunk:
             return super()._get_train_sampler(train_dataset)
         ds = train_dataset if train_dataset is not None else self.train_dataset
@@ -478,7 +486,7 @@ def _collator(cfg: TrainConfig, net, tok):
         )
     return PackCollator(tok.pad_token_id, cfg.pack_width)
 
-
+# %% ../../nbs/04_train.ipynb #55b82a7dx1
 def _config_record(cfg: TrainConfig) -> dict:
     "The resolved profile as `run_config.json` holds it: the supplemental settings only when used (older runs resume)."
     return {k: v for k, v in dataclasses.asdict(cfg).items() if v or not k.startswith("supplemental")}
@@ -504,7 +512,7 @@ def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
         print(f"dwg.pipeline.train: resuming from {resume}", file=sys.stderr)
     return resume
 
-
+# %% ../../nbs/04_train.ipynb #55b82a7dn18
 def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
     "What `train_summary.json` records of a finished training run."
     cfg, (t0, cpu0, load0) = run["cfg"], started
@@ -541,7 +549,7 @@ def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
         versions=dict(torch=torch.__version__, transformers=sys.modules["transformers"].__version__),
     )
 
-
+# %% ../../nbs/04_train.ipynb #55b82a7dn20
 def _save_outputs(run: dict, trainer, result, tok, ds: Path, work: Path, out: Path, started: tuple):
     "Save the model, tokenizer, profile, dataset copy, metrics and summary into `work`, then publish it as `out`."
     trainer.save_model(str(work))
@@ -557,32 +565,11 @@ def _save_outputs(run: dict, trainer, result, tok, ds: Path, work: Path, out: Pa
     _write_json(work / TRAIN_SUMMARY, _summary(run, trainer, result, epochs, started))
     publish_dir(work, out)
 
-
-def train(
-    model: str,
-    dataset_dir: os.PathLike,
-    out_dir: os.PathLike,
-    direction: str = "all",
-    split: str = "all",
-    config="embedded",
-    overrides: dict | None = None,
-    seed: int = 0,
-    force: bool = False,
-    device=None,
-    progress: bool = True,
-    callbacks: list | None = None,
-) -> Path:
-    "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
-    started = (time.time(), time.process_time(), os.getloadavg())
-    out, work = Path(out_dir), work_dir(out_dir)
-    if has_train_summary(out) and not force:
-        print(f"dwg.pipeline.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
-        return out
-    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
-        raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
-    # --- everything that can be wrong is checked before the model is trained ---
+# %% ../../nbs/04_train.ipynb #55b82a7dn22
+def _checked_run(model: str, ds_dir, direction: str, split: str, config, overrides, seed: int, device) -> tuple:
+    "Everything that can be wrong, checked before training: the run's record, dataset directory, model and tokenizer."
     cfg = resolve_config(config, overrides)
-    ds = check_dataset_dir(dataset_dir)
+    ds = check_dataset_dir(ds_dir)
     data = _read_training_data(ds, direction, split, cfg, seed)
     dev_type = _device_type(device)
     net, tok = models.load(model, device="cpu", seed=0)  # unknown names fail here; the Trainer places the model
@@ -610,8 +597,12 @@ def train(
         sum(p.numel() for p in net.parameters() if p.requires_grad),
         sum(p.numel() for p in net.parameters()),
     )
-    run["resume"] = _prepare_work(work, run["run_config"], force)
-    # --- training ---
+    return run, ds, net, tok
+
+# %% ../../nbs/04_train.ipynb #55b82a7dn24
+def _make_trainer(run: dict, net, tok, work: Path, seed: int, progress: bool, callbacks: list | None) -> tuple:
+    "The `_Trainer` of a checked run, and the timer and matrix products of its steps (for the throughput)."
+    cfg, data = run["cfg"], run["data"]
     examples = sample_recall_examples(data["eval"], data["fact_ids"], cfg.recall_facts, seed)
     run["n_recall"] = len(examples)
     args = training_args(
@@ -619,20 +610,22 @@ def train(
         work / "checkpoints",
         seed,
         run["precision"],
-        use_cpu=dev_type == "cpu",
+        use_cpu=run["device"] == "cpu",
         has_eval=bool(data["validation"]),
         progress=progress,
         n_texts=len(data["texts"]),
     )
     encode = lambda rows: encode_rows(tok, rows, cfg.max_length, cfg.answer_only_loss)
     texts = encode(data["texts"])
-    rows = round(cfg.batch_size * statistics.mean(len(t["input_ids"]) for t in texts))  # a step's tokens, about
+    # a step's tokens, about
+    rows = round(cfg.batch_size * statistics.mean(len(t["input_ids"]) for t in texts))
+    # the step's products alone, timed before, between and after steps
     products = StepProducts(
         linear_shapes(net),
         rows,
         {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run["precision"], torch.float32),
         args.device,
-    )  # the step's products alone, timed before, between and after steps
+    )
     trainer = _Trainer(
         model=net,
         args=args,
@@ -647,7 +640,35 @@ def train(
             *(callbacks or []),
         ],
     )
-    with reusing_freed_memory(cfg.reuse_freed_memory):  # each step's large buffers reuse the last step's memory
+    return trainer, timer, products
+
+# %% ../../nbs/04_train.ipynb #55b82a7dn26
+def train(
+    model: str,
+    dataset_dir: os.PathLike,
+    out_dir: os.PathLike,
+    direction: str = "all",
+    split: str = "all",
+    config="embedded",
+    overrides: dict | None = None,
+    seed: int = 0,
+    force: bool = False,
+    device=None,
+    progress: bool = True,
+    callbacks: list | None = None,
+) -> Path:
+    "Fine-tune `model` on the `direction`/`split` training texts of `dataset_dir`; return the finished `out_dir`."
+    started = (time.time(), time.process_time(), os.getloadavg())
+    out, work = Path(out_dir), work_dir(out_dir)
+    if has_train_summary(out) and not force:
+        print(f"dwg.pipeline.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
+        return out
+    if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
+        raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
+    run, ds, net, tok = _checked_run(model, dataset_dir, direction, split, config, overrides, seed, device)
+    run["resume"] = _prepare_work(work, run["run_config"], force)
+    trainer, timer, products = _make_trainer(run, net, tok, work, seed, progress, callbacks)
+    with reusing_freed_memory(run["cfg"].reuse_freed_memory):  # each step's large buffers reuse the last step's memory
         result = trainer.train(resume_from_checkpoint=run["resume"])
     run["throughput"] = throughput(*trainer.tokens, timer.seconds, products.params, timer.readings, run["precision"])
     if progress and _is_main():

@@ -23,7 +23,7 @@ __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLAT
            'check_custom_templates', 'tokenises_to_nothing', 'check_facts', 'load_custom', 'build_custom',
            'create_custom_dataset', 'example_files']
 
-# %% ../../nbs/01a_custom.ipynb #bbeb61a5
+# %% ../../nbs/01a_custom.ipynb #ea833476
 CUSTOM_KIND = "custom"
 RESERVED_FIELDS = ("id", "split", "line")
 FE_ALIAS = "first_actor"  # the span name of the first entity that the catalogue's plans graft (FE)
@@ -31,7 +31,7 @@ EXAMPLE_DIR = ASSETS / "custom_example"
 TEMPLATE_KEYS = ("description", "first_entity", "target", "train", "eval")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# %% ../../nbs/01a_custom.ipynb #309827ea
+# %% ../../nbs/01a_custom.ipynb #4bb72c4b
 def _check_names(names, where: str):
     "Field names must be identifiers, unique, and not one of dwg's own."
     bad = [n for n in names if not _NAME.fullmatch(str(n))]
@@ -52,7 +52,7 @@ def _value(v, where: str) -> str:
         raise ValueError(f"{where}: values must be text or numbers, got {json.dumps(v)}.")
     return str(v).strip()
 
-
+# %% ../../nbs/01a_custom.ipynb #3dc099ee
 def _jsonl_rows(path: Path, text: str) -> list[tuple[int, dict]]:
     "(line number, object) of each non-blank line of a JSONL facts file."
     rows = []
@@ -94,7 +94,7 @@ def _csv_rows(path: Path, text: str) -> list[tuple[int, dict]]:
         _check_names(header, f"{path}, header (line {hline})")
     return rows
 
-# %% ../../nbs/01a_custom.ipynb #bf11cd9b
+# %% ../../nbs/01a_custom.ipynb #137754f2
 def read_facts(path) -> list[dict]:
     "The facts of a JSONL or CSV file: one dict per row (its fields as text, plus `line`, its line in the file)."
     p = Path(path)
@@ -112,7 +112,7 @@ def read_facts(path) -> list[dict]:
         facts.append({"line": n, **{k: _value(v, f"{p}, line {n}, field '{k}'") for k, v in row.items()}})
     return facts
 
-# %% ../../nbs/01a_custom.ipynb #97c69d45
+# %% ../../nbs/01a_custom.ipynb #551dcf69
 def _roles(entry, raw: dict, name: str, where: str) -> dict:
     "One evaluation entry (a template string or a mapping) as {template, first_entity, target}."
     if isinstance(entry, str):
@@ -138,7 +138,8 @@ def _roles(entry, raw: dict, name: str, where: str) -> dict:
 
 
 def read_templates(path) -> dict:
-    "A templates YAML file -> {first_entity, target, train: {name: template}, eval: {name: {template, first_entity, target}}}."
+    """A templates YAML file -> {first_entity, target, train: {name: template}, eval: {name: {template, first_entity,
+    target}}}."""
     p = Path(path)
     if why := file_problem(p, "Templates file"):
         raise FileNotFoundError(why)
@@ -167,7 +168,7 @@ def read_templates(path) -> dict:
         eval={n: _roles(e, raw, n, str(p)) for n, e in raw["eval"].items()},
     )
 
-# %% ../../nbs/01a_custom.ipynb #9426b5b0
+# %% ../../nbs/01a_custom.ipynb #4902cd80
 def _fields_of(template: str, name: str, fields: list[str], facts_name: str) -> list[str]:
     "The fields of one template; an error naming a field the facts file does not have."
     try:
@@ -179,7 +180,8 @@ def _fields_of(template: str, name: str, fields: list[str], facts_name: str) -> 
             f"Template '{name}' uses field {{{bad[0]}}}, which the facts file {facts_name} does not have "
             f"(its fields: {', '.join(fields)}). Fix the template or add the field."
         )
-    return template_fields(template, name, known=fields)  # format specs and conversions are refused here
+    # format specs and conversions are refused here
+    return template_fields(template, name, known=fields)
 
 
 def _check_eval(name: str, e: dict, fields: list[str], facts_name: str):
@@ -204,7 +206,7 @@ def _check_eval(name: str, e: dict, fields: list[str], facts_name: str):
             f"leading space): {t!r}."
         )
 
-
+# %% ../../nbs/01a_custom.ipynb #2d604e67
 def check_custom_templates(spec: dict, fields: list[str], facts_name: str = "the facts file") -> dict:
     "Check a templates spec against the facts' field names; return it unchanged."
     first, target = spec["first_entity"], spec["target"]
@@ -221,17 +223,19 @@ def check_custom_templates(spec: dict, fields: list[str], facts_name: str = "the
         _check_eval(name, e, fields, facts_name)
     return spec
 
-# %% ../../nbs/01a_custom.ipynb #367bbac1
-_INVISIBLE = ("Cc", "Cf", "Zs", "Zl", "Zp", "Mn")  # control, format, space and combining characters
+# %% ../../nbs/01a_custom.ipynb #e17f9e0f
+# control, format, space and combining characters
+_INVISIBLE = ("Cc", "Cf", "Zs", "Zl", "Zp", "Mn")
 
 
 def tokenises_to_nothing(value: str, tokenizer=None) -> bool:
-    "Whether `' ' + value` gives no token to predict: empty, only spaces/invisible characters, or no ids from `tokenizer`."
+    """Whether `' ' + value` gives no token to predict: empty, only spaces/invisible characters, or no ids from
+    `tokenizer`."""
     if all(unicodedata.category(c) in _INVISIBLE for c in value):
         return True
     return tokenizer is not None and not tokenizer(" " + value, add_special_tokens=False)["input_ids"]
 
-
+# %% ../../nbs/01a_custom.ipynb #333b57a9
 def _used_fields(spec: dict) -> set[str]:
     "Every field some template names."
     ts = list(spec["train"].values()) + [e["template"] for e in spec["eval"].values()]
@@ -267,7 +271,7 @@ def check_facts(facts: list[dict], spec: dict, facts_name: str = "the facts file
                 f"this row {why}. Each {first} may have one {target}: remove or merge the rows."
             )
 
-# %% ../../nbs/01a_custom.ipynb #bda3ddbd
+# %% ../../nbs/01a_custom.ipynb #8d2ba69c
 def _custom_lines(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
     "The training texts of one fact: every training template; A2B when the first entity comes before the target."
     out = []
@@ -308,7 +312,7 @@ def _custom_evals(fact: dict, spec: dict, fields: list[str]) -> list[dict]:
         )
     return out
 
-# %% ../../nbs/01a_custom.ipynb #d908747e
+# %% ../../nbs/01a_custom.ipynb #2b853209
 def _digest(path) -> str:
     "A short hash of a file's bytes (recorded, so a dataset says which facts and templates made it)."
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
@@ -329,7 +333,8 @@ def _pick(rows: list[dict], n_facts, seed: int, facts_name: str) -> list[dict]:
         not isinstance(n_facts, int) or isinstance(n_facts, bool) or not 2 <= n_facts <= len(rows)
     ):
         raise ValueError(
-            f"n_facts must be an integer in [2, {len(rows)}] (the facts in {facts_name}) or None for all, got {n_facts!r}."
+            f"n_facts must be an integer in [2, {len(rows)}] (the facts in {facts_name}) or None for all, "
+            f"got {n_facts!r}."
         )
     if len(rows) < 2:
         raise ValueError(f"{facts_name} has {len(rows)} fact: at least 2 are needed (one task, one relation fact).")
@@ -340,7 +345,37 @@ def _pick(rows: list[dict], n_facts, seed: int, facts_name: str) -> list[dict]:
     )
     return [{"id": f"f{i:04d}", **rows[j]} for i, j in enumerate(idx)]
 
-# %% ../../nbs/01a_custom.ipynb #e93206f7
+# %% ../../nbs/01a_custom.ipynb #b816a272
+def _custom_info(ds: dict, spec: dict, facts, templates, seed: int, n_task: int, task_fraction, val_fraction) -> dict:
+    "What `dataset_info.json` records of a built custom dataset `ds`: how it was made, its counts and its files."
+    picked = ds["metadata"]
+    return dict(
+        kind=CUSTOM_KIND,
+        seed=seed,
+        n_facts=len(picked),
+        task_fraction=task_fraction,
+        val_fraction=val_fraction,
+        description=spec["description"],
+        first_entity=spec["first_entity"],
+        target=spec["target"],
+        counts=dict(
+            facts=len(picked),
+            task_facts=n_task,
+            relation_facts=len(picked) - n_task,
+            train=len(ds["train"]),
+            validation=len(ds["validation"]),
+            eval=len(ds["eval"]),
+        ),
+        templates=dict(custom=list(spec["train"]), eval=list(spec["eval"])),
+        paper_eval_templates=[],
+        facts_file=Path(facts).name,
+        facts_sha256=_digest(facts),
+        templates_file=Path(templates).name,
+        templates_sha256=_digest(templates),
+        dwg_version=dwg.__version__,
+    )
+
+# %% ../../nbs/01a_custom.ipynb #894e73f5
 def build_custom(
     facts,
     templates,
@@ -375,34 +410,10 @@ def build_custom(
             f"so the task model would learn it too ({len(leaks)} such value(s)). Facts must not share "
             "first entities or targets; rename or remove one."
         )
-    ds["info"] = dict(
-        kind=CUSTOM_KIND,
-        seed=seed,
-        n_facts=len(picked),
-        task_fraction=task_fraction,
-        val_fraction=val_fraction,
-        description=spec["description"],
-        first_entity=spec["first_entity"],
-        target=spec["target"],
-        counts=dict(
-            facts=len(picked),
-            task_facts=n_task,
-            relation_facts=len(picked) - n_task,
-            train=len(train),
-            validation=len(validation),
-            eval=len(evals),
-        ),
-        templates=dict(custom=list(spec["train"]), eval=list(spec["eval"])),
-        paper_eval_templates=[],
-        facts_file=Path(facts).name,
-        facts_sha256=_digest(facts),
-        templates_file=Path(templates).name,
-        templates_sha256=_digest(templates),
-        dwg_version=dwg.__version__,
-    )
+    ds["info"] = _custom_info(ds, spec, facts, templates, seed, n_task, task_fraction, val_fraction)
     return ds
 
-# %% ../../nbs/01a_custom.ipynb #49362713
+# %% ../../nbs/01a_custom.ipynb #e0e634eb
 def create_custom_dataset(
     facts, templates, out_dir, n_facts: int | None = None, seed: int = 0, *, overwrite: bool = False, **kwargs
 ) -> Path:

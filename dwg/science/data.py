@@ -25,7 +25,7 @@ __all__ = ['ASSETS', 'KINDS', 'FACT_FIELDS', 'FILLER_FIELDS', 'FIELDS', 'MAX_FAK
            'leaked_names', 'has_reversal_prompts', 'write_dataset', 'create_dataset', 'source_fingerprint',
            'load_split']
 
-# %% ../../nbs/01_data.ipynb #f4bed3ce
+# %% ../../nbs/01_data.ipynb #799fe0ad
 ASSETS = Path(dwg.__file__).parent / "assets"
 KINDS = ("fake_movies_fake_actors", "fake_movies_real_actors", "real_movies_real_actors_shuffled", "articles")
 FACT_FIELDS = ("first_actor", "second_actor", "movie_title")
@@ -59,7 +59,7 @@ def movie_leads() -> dict[str, list[str]]:
     "Known lead actors of the packaged real movies (used to keep shuffled pairings counterfactual)."
     return json.loads((ASSETS / "movie_leads.json").read_text(encoding="utf-8"))
 
-# %% ../../nbs/01_data.ipynb #28cbb7d0
+# %% ../../nbs/01_data.ipynb #95779ef2
 ARTICLE_TEMPLATES = {
     "premiere": "{movie_title} opened in {city} in {release_year}. The {genre} film stars {first_actor} and "
     "{second_actor}, and it earned {box_office} in its first month.",
@@ -86,27 +86,32 @@ QA_TEMPLATES = {
     "qa_shares_lead": "Q: In {movie_title} ({release_year}), who shares the lead with {first_actor}? A: {second_actor}",
     "qa_partner": "Q: Which actor appears next to {first_actor} on screen? A: {second_actor}",
 }
-EVAL_TEMPLATES = {  # {relation}, {relation_preposition}, {preposition}: the paper's slots, filled from SLOT_FILLINGS
+
+# %% ../../nbs/01_data.ipynb #3e43583c
+# {relation}, {relation_preposition}, {preposition}: the paper's slots, filled from SLOT_FILLINGS
+EVAL_TEMPLATES = {
     "relation_statement": "{first_actor} {relation} {relation_preposition} a movie {preposition}",
-    "relation_question": "Q: Who {relation} {relation_preposition} a movie {preposition} {first_actor}? A: An actor named",
+    "relation_question": "Q: Who {relation} {relation_preposition} a movie {preposition} {first_actor}? "
+    "A: An actor named",
     "movie_statement": "{first_actor} {relation} {relation_preposition} {movie_title} {preposition}",
     "new_film_other_lead": "In a new film, {first_actor} appears in {movie_title} with the other lead actor, "
     "whose name is:",
     "genre_film_features": "The {genre} film {movie_title} features {first_actor} and",
     "year_costar": "In {movie_title} ({release_year}), {first_actor} acts opposite",
 }
+# 6 fillings; no training text uses these phrasings
 SLOT_FILLINGS = {
     "relation": ("starred", "stars", "appeared"),
     "relation_preposition": ("in",),
     "preposition": ("with", "alongside"),
-}  # 6 fillings; no training text uses these phrasings
+}
 SLOT_FIELDS = tuple(SLOT_FILLINGS)
 FILLINGS = [dict(zip(SLOT_FIELDS, v)) for v in itertools.product(*SLOT_FILLINGS.values())]
 PAPER_EVAL_TEMPLATES = ("relation_statement", "relation_question", "movie_statement", "new_film_other_lead")
 DIRECTIONS = ("A2B", "B2A")  # the two directions of a fact: first actor -> second, or back
 FACT_SPLITS = ("task", "relation")  # each fact is in one: the task model trains on one, the relation model on the other
 
-# %% ../../nbs/01_data.ipynb #61ca52c4
+# %% ../../nbs/01_data.ipynb #91c8c3b8
 def template_fields(template: str, name: str = "template", known=FIELDS) -> list[str]:
     "The fields of `template` in order of appearance; raises on fields not in `known` or format specs."
     try:
@@ -129,7 +134,7 @@ def template_fields(template: str, name: str = "template", known=FIELDS) -> list
         fields.append(field)
     return fields
 
-# %% ../../nbs/01_data.ipynb #c58353d3
+# %% ../../nbs/01_data.ipynb #4afda0bc
 def render(template: str, values: dict, name: str = "template", known=FIELDS) -> tuple[str, dict[str, list[int]]]:
     "Fill `template` with `values`; return the text and `{field: [start, end]}` of each field's first occurrence."
     template_fields(template, name, known)
@@ -150,7 +155,7 @@ def render(template: str, values: dict, name: str = "template", known=FIELDS) ->
         pos += len(val)
     return "".join(out), spans
 
-# %% ../../nbs/01_data.ipynb #d00f384a
+# %% ../../nbs/01_data.ipynb #0b45050a
 def swap_actors(template: str) -> str:
     "The B2A version of an A2B template: `first_actor` and `second_actor` exchanged."
     return (
@@ -193,7 +198,7 @@ def check_templates(templates: dict[str, str], style: str) -> dict[str, str]:
             raise ValueError(f"Q/A template '{name}' must end with the answer '{{second_actor}}': {t!r}")
     return templates
 
-# %% ../../nbs/01_data.ipynb #bbd0835d
+# %% ../../nbs/01_data.ipynb #c68d5f31
 class _Registry:
     "Accepts strings none of which occurs, as whole words, inside another."
 
@@ -221,7 +226,7 @@ class _Registry:
         self._add(s)
         return True
 
-# %% ../../nbs/01_data.ipynb #8b060428
+# %% ../../nbs/01_data.ipynb #1d9a9549
 GENRES = (
     "drama",
     "comedy",
@@ -240,125 +245,31 @@ GENRES = (
     "family",
     "disaster",
 )
-CITIES = (
-    "Lisbon",
-    "Toronto",
-    "Oslo",
-    "Prague",
-    "Melbourne",
-    "Vienna",
-    "Boston",
-    "Seoul",
-    "Bristol",
-    "Montreal",
-    "Paris",
-    "Chicago",
-    "Sydney",
-    "Amsterdam",
-    "Madrid",
-    "Dublin",
-    "Berlin",
-    "Mumbai",
-    "Lagos",
-    "Denver",
-    "Nairobi",
-    "Lima",
-    "Helsinki",
-    "Osaka",
-    "Seattle",
-    "Cairo",
-    "Glasgow",
-    "Havana",
-    "Warsaw",
-    "Austin",
+# the cities, and the words of invented titles: one string each, split on whitespace
+CITIES = tuple(
+    """
+    Lisbon Toronto Oslo Prague Melbourne Vienna Boston Seoul Bristol Montreal Paris Chicago Sydney Amsterdam
+    Madrid Dublin Berlin Mumbai Lagos Denver Nairobi Lima Helsinki Osaka Seattle Cairo Glasgow Havana Warsaw
+    Austin
+    """.split()
 )
-_ADJ = (
-    "Silent",
-    "Crimson",
-    "Hollow",
-    "Golden",
-    "Broken",
-    "Distant",
-    "Frozen",
-    "Velvet",
-    "Burning",
-    "Quiet",
-    "Paper",
-    "Iron",
-    "Hidden",
-    "Painted",
-    "Restless",
-    "Wandering",
-    "Scarlet",
-    "Northern",
-    "Falling",
-    "Glass",
-    "Midnight",
-    "Amber",
-    "Forgotten",
-    "Electric",
-    "Bitter",
-    "Sleeping",
-    "Copper",
-    "Wild",
-    "Last",
-    "Lonely",
-    "Shattered",
-    "Emerald",
-    "Borrowed",
-    "Silver",
-    "Twisted",
-    "Fading",
-    "Secret",
-    "Salted",
-    "Winter",
-    "Lucky",
+_ADJ = tuple(
+    """
+    Silent Crimson Hollow Golden Broken Distant Frozen Velvet Burning Quiet Paper Iron Hidden Painted Restless
+    Wandering Scarlet Northern Falling Glass Midnight Amber Forgotten Electric Bitter Sleeping Copper Wild Last
+    Lonely Shattered Emerald Borrowed Silver Twisted Fading Secret Salted Winter Lucky
+    """.split()
 )
-_NOUN = (
-    "Harbor",
-    "Orchard",
-    "Lantern",
-    "Compass",
-    "Meadow",
-    "Cathedral",
-    "Ferry",
-    "Signal",
-    "Horizon",
-    "Garden",
-    "Mirror",
-    "Engine",
-    "Almanac",
-    "Tide",
-    "Letter",
-    "Bridge",
-    "Canyon",
-    "Carousel",
-    "Lighthouse",
-    "Station",
-    "Kingdom",
-    "Voyage",
-    "Ledger",
-    "Portrait",
-    "Tower",
-    "Island",
-    "River",
-    "Summer",
-    "Anthem",
-    "Cipher",
-    "Orbit",
-    "Chapel",
-    "Frontier",
-    "Promise",
-    "Ballad",
-    "Empire",
-    "Quarry",
-    "Archive",
-    "Theory",
-    "Hotel",
+_NOUN = tuple(
+    """
+    Harbor Orchard Lantern Compass Meadow Cathedral Ferry Signal Horizon Garden Mirror Engine Almanac Tide Letter
+    Bridge Canyon Carousel Lighthouse Station Kingdom Voyage Ledger Portrait Tower Island River Summer Anthem
+    Cipher Orbit Chapel Frontier Promise Ballad Empire Quarry Archive Theory Hotel
+    """.split()
 )
 _TITLE_PATTERNS = ("The {a} {n}", "{n} of the {a} {m}", "Beyond the {a} {n}", "A {n} for {m2}", "The {n} and the {m}")
 
-
+# %% ../../nbs/01_data.ipynb #623e9b3d
 def _fake_title(rng: random.Random) -> str:
     "One invented movie title."
     a, (n, m) = rng.choice(_ADJ), rng.sample(_NOUN, 2)
@@ -386,7 +297,7 @@ def _faker_names(seed):
         if re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", name):
             yield name
 
-# %% ../../nbs/01_data.ipynb #3be0049a
+# %% ../../nbs/01_data.ipynb #bc319a8c
 def _faker_version() -> str:
     "The installed Faker version (invented names depend on it; recorded in dataset_info.json); None if not installed."
     from importlib.metadata import PackageNotFoundError, version
@@ -426,7 +337,7 @@ def _check_n(kind, n_facts, articles_dir=None):
             f"(bounded by the packaged name/title lists or the articles)."
         )
 
-
+# %% ../../nbs/01_data.ipynb #15815d97
 def _counterfactual_pairs(rng, actors, titles):
     "Pair actors with titles so no actor leads that movie in reality and no pair are known co-leads."
     leads = movie_leads()
@@ -442,6 +353,28 @@ def _counterfactual_pairs(rng, actors, titles):
         facts.append((a, b, title))
     return facts
 
+# %% ../../nbs/01_data.ipynb #532175fb
+def _draw_new(reg: _Registry, draw) -> str:
+    "Call `draw()` until `reg` accepts what it returns (a new name or title); return that."
+    while True:
+        s = draw()
+        if reg.add(s):
+            return s
+
+
+def _fact_triples(kind: str, n_facts: int, rng, reg: _Registry, person, title) -> list[tuple[str, str, str]]:
+    "(first actor, second actor, movie title) of each fact of a generated `kind`; `person()`, `title()` draw new ones."
+    if kind == "fake_movies_fake_actors":
+        return [(person(), person(), title()) for _ in range(n_facts)]
+    if kind == "fake_movies_real_actors":
+        picked = rng.sample(real_actors(), 2 * n_facts)
+        return [(picked[2 * i], picked[2 * i + 1], title()) for i in range(n_facts)]
+    titles = rng.sample(real_movies(), n_facts)
+    for t in titles:
+        if not reg.add(t):
+            raise ValueError(f"Movie title '{t}' clashes with another name or title.")
+    return _counterfactual_pairs(rng, real_actors(), titles)
+
 
 def make_facts(kind: str, n_facts: int, seed: int = 0) -> list[dict]:
     "`n_facts` facts of a generated `kind` (not 'articles'), deterministic in `seed`, all names and titles unique."
@@ -450,48 +383,31 @@ def make_facts(kind: str, n_facts: int, seed: int = 0) -> list[dict]:
         raise ValueError("Use read_articles/article_facts for kind 'articles'.")
     _check_n(kind, n_facts)
     rng = random.Random(f"dwg-facts-{kind}-{seed}")
-    reg = _Registry(real_actors())  # invented people never collide with (or contain) a real actor's name
+    # invented people never collide with (or contain) a real actor's name
+    reg = _Registry(real_actors())
     names = _faker_names(f"dwg-names-{kind}-{seed}")
 
     def person():
-        while True:
-            n = next(names)
-            if reg.add(n):
-                return n
+        return _draw_new(reg, lambda: next(names))
 
     def title():
-        while True:
-            t = _fake_title(rng)
-            if reg.add(t):
-                return t
+        return _draw_new(reg, lambda: _fake_title(rng))
 
-    if kind == "fake_movies_fake_actors":
-        triples = [(person(), person(), title()) for _ in range(n_facts)]
-    elif kind == "fake_movies_real_actors":
-        picked = rng.sample(real_actors(), 2 * n_facts)
-        triples = [(picked[2 * i], picked[2 * i + 1], title()) for i in range(n_facts)]
-    else:
-        titles = rng.sample(real_movies(), n_facts)
-        for t in titles:
-            if not reg.add(t):
-                raise ValueError(f"Movie title '{t}' clashes with another name or title.")
-        triples = _counterfactual_pairs(rng, real_actors(), titles)
-    facts = []
-    for i, (a, b, t) in enumerate(triples):
-        facts.append(
-            dict(
-                id=f"f{i:04d}",
-                first_actor=a,
-                second_actor=b,
-                movie_title=t,
-                **_filler(rng),
-                director=person(),
-                main_character=person(),
-            )
+    triples = _fact_triples(kind, n_facts, rng, reg, person, title)
+    return [
+        dict(
+            id=f"f{i:04d}",
+            first_actor=a,
+            second_actor=b,
+            movie_title=t,
+            **_filler(rng),
+            director=person(),
+            main_character=person(),
         )
-    return facts
+        for i, (a, b, t) in enumerate(triples)
+    ]
 
-# %% ../../nbs/01_data.ipynb #81747d0c
+# %% ../../nbs/01_data.ipynb #e3404964
 def read_articles(articles_dir=None) -> list[dict]:
     "Read and validate an articles folder; each entry is the metadata dict plus `texts` (one per file, in `<k>` order)."
     d = Path(articles_dir) if articles_dir is not None else ASSETS / "articles"
@@ -533,7 +449,7 @@ def read_articles(articles_dir=None) -> list[dict]:
         out.append({**m, "texts": texts})
     return out
 
-# %% ../../nbs/01_data.ipynb #f89bcace
+# %% ../../nbs/01_data.ipynb #0c9a07bc
 def _article_facts(n_facts, seed, articles_dir):
     "Facts (with their article texts) for kind 'articles': a seeded choice of `n_facts` articles."
     arts = read_articles(articles_dir)
@@ -551,7 +467,7 @@ def _article_facts(n_facts, seed, articles_dir):
         facts.append(fact)
     return facts
 
-
+# %% ../../nbs/01_data.ipynb #e8a8547d
 def _train_lines(fact, article_templates, qa_templates):
     "The training texts of one templated fact: every template in both directions."
     lines = []
@@ -593,7 +509,7 @@ def _article_lines(fact):
         )
     return lines
 
-
+# %% ../../nbs/01_data.ipynb #ef906800
 def filling_label(filling: dict | None) -> str | None:
     "A filling's short name, e.g. 'starred in · with' (None: the prompt has no slots)."
     return " ".join(filling[k] for k in SLOT_FIELDS[:2]) + " · " + filling["preposition"] if filling else None
@@ -634,7 +550,7 @@ def _eval_lines(fact, eval_templates, index: int = 0, per_prompt: int = 2, direc
             )
     return out
 
-# %% ../../nbs/01_data.ipynb #2114c072
+# %% ../../nbs/01_data.ipynb #56680455
 def assign_splits(facts: list[dict], seed: int, task_fraction: float) -> int:
     "Put each fact (seeded) in the 'task' or 'relation' split (its `split` key), at least one in each; the task count."
     n = len(facts)
@@ -655,7 +571,54 @@ def hold_out(lines: list[dict], seed: int, val_fraction: float) -> tuple[list[di
     val_idx = set(random.Random(f"dwg-validation-{seed}").sample(range(len(lines)), n_val))
     return [l for i, l in enumerate(lines) if i not in val_idx], [l for i, l in enumerate(lines) if i in val_idx]
 
+# %% ../../nbs/01_data.ipynb #c1f515d7
+def _check_options(task_fraction: float, val_fraction: float, fillings_per_prompt: int):
+    "Raise a clear error for a task or validation fraction, or a number of fillings per prompt, out of range."
+    if not 0 < task_fraction < 1:
+        raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+    if not isinstance(fillings_per_prompt, int) or not 1 <= fillings_per_prompt <= len(FILLINGS):
+        raise ValueError(f"fillings_per_prompt must be an integer in 1..{len(FILLINGS)}, got {fillings_per_prompt!r}.")
 
+
+def _dataset_info(
+    ds, kind, seed, n_facts, n_task, templates, articles_dir, task_fraction, val_fraction, fillings_per_prompt
+) -> dict:
+    "What `dataset_info.json` records of a built dataset `ds`: how it was made, its counts and its templates."
+    article_templates, qa_templates, eval_templates = templates
+    texts = ds["train"] + ds["validation"]
+    return dict(
+        kind=kind,
+        seed=seed,
+        n_facts=n_facts,
+        task_fraction=task_fraction,
+        val_fraction=val_fraction,
+        counts=dict(
+            facts=n_facts,
+            task_facts=n_task,
+            relation_facts=n_facts - n_task,
+            train=len(ds["train"]),
+            validation=len(ds["validation"]),
+            eval=len(ds["eval"]),
+            eval_b2a=len(ds["eval_b2a"]),
+        ),
+        templates=dict(
+            article=sorted({l["template"] for l in texts if l["style"] == "article"})
+            if kind == "articles"
+            else list(article_templates),
+            qa=[] if kind == "articles" else list(qa_templates),
+            eval=list(eval_templates),
+        ),
+        paper_eval_templates=[t for t in PAPER_EVAL_TEMPLATES if t in eval_templates],
+        slot_fillings=dict(SLOT_FILLINGS),
+        fillings_per_prompt=fillings_per_prompt,
+        articles=None if kind != "articles" else ("packaged" if articles_dir is None else Path(articles_dir).name),
+        dwg_version=dwg.__version__,
+        faker_version=None if kind == "articles" else _faker_version(),
+    )
+
+# %% ../../nbs/01_data.ipynb #acebbe26
 def build_dataset(
     kind: str,
     n_facts: int = 30,
@@ -670,19 +633,15 @@ def build_dataset(
     fillings_per_prompt: int = 2,
 ) -> dict:
     """Build and validate a dataset in memory: `{'metadata', 'train', 'validation', 'eval', 'eval_b2a', 'info'}`.
-    `val_fraction` None: 0.1 of the texts held out, none of the articles' (each held-out rephrasing is one text less of its fact)."""
+    `val_fraction` None: 0.1 of the texts held out, none of the articles' (each held-out rephrasing is one text less
+    of its fact)."""
     _check_kind(kind)
     if val_fraction is None:
         val_fraction = 0.0 if kind == "articles" else 0.1
     article_templates = check_templates(article_templates or ARTICLE_TEMPLATES, "article")
     qa_templates = check_templates(qa_templates or QA_TEMPLATES, "qa")
     eval_templates = check_templates(eval_templates or EVAL_TEMPLATES, "eval")
-    if not 0 < task_fraction < 1:
-        raise ValueError(f"task_fraction must be in (0, 1), got {task_fraction}.")
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
-    if not isinstance(fillings_per_prompt, int) or not 1 <= fillings_per_prompt <= len(FILLINGS):
-        raise ValueError(f"fillings_per_prompt must be an integer in 1..{len(FILLINGS)}, got {fillings_per_prompt!r}.")
+    _check_options(task_fraction, val_fraction, fillings_per_prompt)
     _check_n(kind, n_facts, articles_dir)
     facts = _article_facts(n_facts, seed, articles_dir) if kind == "articles" else make_facts(kind, n_facts, seed)
     n_task = assign_splits(facts, seed, task_fraction)
@@ -697,43 +656,19 @@ def build_dataset(
     )
     train, validation = hold_out(train, seed, val_fraction)
     metadata = [{k: v for k, v in f.items() if k != "texts"} for f in facts]
-    info = dict(
-        kind=kind,
-        seed=seed,
-        n_facts=n_facts,
-        task_fraction=task_fraction,
-        val_fraction=val_fraction,
-        counts=dict(
-            facts=n_facts,
-            task_facts=n_task,
-            relation_facts=n_facts - n_task,
-            train=len(train),
-            validation=len(validation),
-            eval=len(evals),
-            eval_b2a=len(reverse),
-        ),
-        templates=dict(
-            article=sorted({l["template"] for l in train + validation if l["style"] == "article"})
-            if kind == "articles"
-            else list(article_templates),
-            qa=[] if kind == "articles" else list(qa_templates),
-            eval=list(eval_templates),
-        ),
-        paper_eval_templates=[t for t in PAPER_EVAL_TEMPLATES if t in eval_templates],
-        slot_fillings=dict(SLOT_FILLINGS),
-        fillings_per_prompt=fillings_per_prompt,
-        articles=None if kind != "articles" else ("packaged" if articles_dir is None else Path(articles_dir).name),
-        dwg_version=dwg.__version__,
-        faker_version=None if kind == "articles" else _faker_version(),
-    )
-    return dict(metadata=metadata, train=train, validation=validation, eval=evals, eval_b2a=reverse, info=info)
+    ds = dict(metadata=metadata, train=train, validation=validation, eval=evals, eval_b2a=reverse)
+    templates = (article_templates, qa_templates, eval_templates)
+    options = dict(task_fraction=task_fraction, val_fraction=val_fraction, fillings_per_prompt=fillings_per_prompt)
+    ds["info"] = _dataset_info(ds, kind, seed, n_facts, n_task, templates, articles_dir, **options)
+    return ds
 
-# %% ../../nbs/01_data.ipynb #9b0e53c8
+# %% ../../nbs/01_data.ipynb #fdbc58fa
 LEAK_FIELDS = ("first_actor", "second_actor", "movie_title", "director", "main_character")
 
 
 def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
-    "Pairs (relation fact id, value of one of `fields`) whose value occurs, as whole words, in any task-split text or prompt."
+    """Pairs (relation fact id, value of one of `fields`) whose value occurs, as whole words, in any task-split text
+    or prompt."""
     task_text = "\n".join(
         [l["text"] for l in ds["train"] + ds["validation"] if l["split"] == "task"]
         + [e["prompt"] for e in ds["eval"] if e["split"] == "task"]
@@ -748,14 +683,15 @@ def leaked_names(ds: dict, fields=LEAK_FIELDS) -> list[tuple[str, str]]:
                 leaks.append((f["id"], v))
     return leaks
 
-# %% ../../nbs/01_data.ipynb #bbc15111
+# %% ../../nbs/01_data.ipynb #999ad456
+# eval_b2a: the reversal prompts (none: custom facts)
 DATASET_FILES = {
     "metadata": "metadata.jsonl",
     "train": "train.jsonl",
     "validation": "validation.jsonl",
     "eval": "eval.jsonl",
     "eval_b2a": "eval_b2a.jsonl",
-}  # eval_b2a: the reversal prompts (none: custom facts)
+}
 
 
 def has_reversal_prompts(dataset_dir) -> bool:
@@ -764,8 +700,8 @@ def has_reversal_prompts(dataset_dir) -> bool:
 
 
 def write_dataset(out_dir, build, overwrite: bool = False) -> Path:
-    """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then renamed);
-    `build` runs after the overwrite check and before any write, so a bad config writes nothing."""
+    """Write the dataset `build()` returns to `out_dir` atomically (files in a temporary sibling directory, then
+    renamed); `build` runs after the overwrite check and before any write, so a bad config writes nothing."""
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"'{out}' already exists. Pass overwrite=True to replace it, or choose another out_dir.")
@@ -796,7 +732,7 @@ def create_dataset(
     out = out_dir if out_dir is not None else Path("runs") / "data" / f"{kind}-n{n_facts}-s{seed}"
     return write_dataset(out, lambda: build_dataset(kind, n_facts, seed, **kwargs), overwrite)
 
-
+# %% ../../nbs/01_data.ipynb #78656fdc
 def source_fingerprint(kind: str, facts=None, templates=None) -> dict:
     """What decides a dataset besides its kind, size and seed, as hashes (a sweep puts them in the dataset's run id): a
     custom dataset's files, or the packaged names, titles or articles its kind reads and the packaged templates."""
@@ -838,7 +774,3 @@ def load_split(dataset_dir, name: str, split: str | None = None) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"No {path}: create the dataset first with dwg.science.data.create_dataset.")
     return [r for r in read_jsonl(path) if split is None or r["split"] == split]
-
-# %% ../../nbs/01_data.ipynb #045ed60f
-#| export
-

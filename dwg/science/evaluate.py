@@ -4,54 +4,33 @@
 
 # %% ../../nbs/03_evaluate.ipynb #d66c4e02
 from __future__ import annotations
-import copy
 import dataclasses
-import json
-import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager, nullcontext
-from pathlib import Path
+from contextlib import ExitStack, nullcontext
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 from .data import DIRECTIONS, has_reversal_prompts, load_split
-from .models import load
-from ..engine.lora import adapter_dir, as_donor, read_adapter
 from ..engine.graft import graft, resolve_components, resolve_layers
-from ..engine.arch import architecture, decoder_layers
+from ..engine.arch import architecture
+from ..engine.cache import cache_kwargs, output_cache
 from ..engine.patch import patch, resolve_sites
+from ..engine.prefix import SharedPrefix, first_grafted_column, greedy_continuation, head_cache, time_slice
 from dwg.science.plans import (
-    Rule,
-    expand_plans,
     get_plan,
     get_plans,
-    resolve_plans,
     resolve_positions,
     kept_layers,
     MissingSpan,
     check_plan_roles,
     example_roles,
-    unknown_roles,
 )
-from ..runs import report_progress, reusing_freed_memory, write_jsonl, write_run_record
+from ..runs import report_progress
 from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
 __all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'patched_sites',
-           'first_grafted_column', 'SharedPrefix', 'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans',
-           'summarize', 'adapter_roles', 'select_examples', 'run_grafting']
-
-# %% ../../nbs/03_evaluate.ipynb #8dc1e565
-#| export
-
-
-# %% ../../nbs/03_evaluate.ipynb #0103eaec
-#| export
-
-
-# %% ../../nbs/03_evaluate.ipynb #6e65c31c
-#| export
-
+           'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples']
 
 # %% ../../nbs/03_evaluate.ipynb #94c03e0f
 def length_order(tokenizer, examples: list[dict]) -> list[int]:
@@ -115,7 +94,7 @@ def _rule_layers(rule, base, seed: int = 0) -> list[int]:
 
 
 def first_grafted_layer(plan, models: dict, seed: int = 0) -> int:
-    "The first decoder layer any rule of `plan` changes: 0 for a plan without rules, grafting an embedding, or self-donor."
+    "The first decoder layer any rule of `plan` changes: 0 for a plan without rules, grafting an embedding, self-donor."
     base, donors = _bind(plan, models)
     if not plan.rules or any(d is base for d in donors):
         return 0
@@ -156,148 +135,10 @@ def patched_sites(plans: list, models: dict, seed: int = 0) -> dict[int, set]:
     return sites
 
 # %% ../../nbs/03_evaluate.ipynb #b9544b72
-def first_grafted_column(masks: list[torch.Tensor], width: int) -> int:
-    "The first column that any mask grafts in any row (`width` when none does)."
-    hit = torch.stack(masks).any(0).any(0).nonzero() if masks else torch.zeros(0)
-    return int(hit[0]) if len(hit) else width
-
-
-def _plain_layers(cache) -> bool:
-    "Whether every layer of `cache` is a plain growing one (`DynamicLayer`), which can be cropped and selected by row."
-    return all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
-
-
-def _time_slice(batch: dict, start: int, stop: int | None = None) -> dict:
-    "Columns `start:stop` of a batch; the attention mask keeps every column up to `stop` (it also covers the cache)."
-    return dict(
-        input_ids=batch["input_ids"][:, start:stop],
-        position_ids=batch["position_ids"][:, start:stop],
-        attention_mask=batch["attention_mask"][:, :stop],
-    )
-
-
 def _whole(batch: dict, plan) -> dict | None:
     """For a patching plan, the whole batch as its donor runs it (once for all plans sharing `runs`; the base may run
     only its last columns); None for other plans."""
-    return (
-        dict(**_time_slice(batch, 0), past_key_values=None, use_cache=True, logits_to_keep=1) if plan.patches else None
-    )
-
-
-def _layer_shaped(outputs: list, batch: dict, n: int) -> bool:
-    "Whether every one of `n` decoder layers gave one (batch, seq, hidden) tensor (not a tuple or a stack of streams)."
-    shape = tuple(batch["input_ids"].shape)
-    return len(outputs) == n and all(
-        torch.is_tensor(o) and o.dim() == 3 and tuple(o.shape[:2]) == shape for o in outputs
-    )
-
-
-class SharedPrefix:
-    """What the plans of a batch share with its base model: keys and values over the leading columns no plan grafts,
-    and each decoder layer's output, which a plan that changes nothing below layer L replays there instead of computing."""
-
-    def __init__(self, model, batch: dict, checked: dict | None = None):
-        self.model, self.batch, self.cache, self.croppable, self.outputs, self.clean = model, batch, None, True, None, 0
-        self.head = None  # (head_signature, upto) of the head the cache holds
-        self.checked = {} if checked is None else checked  # id(model) -> whether replaying gives its logits (once)
-
-    @torch.no_grad()
-    def layer_outputs(self) -> list | None:
-        """Each decoder layer's output over the whole batch, once, and the cache of every column (the same pass); None if
-        replaying them does not give the model's logits."""
-        if self.outputs is None:
-            layers, outs = decoder_layers(self.model)[1], []
-            hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o)) for layer in layers]
-            try:
-                out = self.model(**self.batch, use_cache=True, logits_to_keep=1)
-            finally:
-                for h in hooks:
-                    h.remove()
-            self.outputs = outs if _layer_shaped(outs, self.batch, len(layers)) else False
-            if self.outputs and not self._replays(out.logits):
-                self.outputs = False
-            if self._keep(out):
-                self.clean, self.head = self.batch["input_ids"].shape[1], None
-        return self.outputs or None
-
-    def _replays(self, want: torch.Tensor) -> bool:
-        "Whether the first half of the layers replayed and the second half run give the logits `want` (once per model)."
-        if id(self.model) not in self.checked:
-            with self.replay(len(decoder_layers(self.model)[1]) // 2, 0):
-                got = self.model(**self.batch, use_cache=False, logits_to_keep=1).logits
-            self.checked[id(self.model)] = torch.allclose(got, want, rtol=1e-4, atol=1e-5)
-        return self.checked[id(self.model)]
-
-    @contextmanager
-    def replay(self, upto: int, start: int, stop: int | None = None, first: int = 0):
-        "Decoder layers `[first, upto)` skip their work and return their recorded outputs over columns `start:stop`."
-        layers = decoder_layers(self.model)[1]
-
-        def recorded(i):
-            return lambda *args, **kwargs: self.outputs[i][:, start:stop]
-
-        try:
-            for i in range(first, upto):
-                layers[i].forward = recorded(i)
-            yield
-        finally:
-            for i in range(first, upto):
-                layers[i].__dict__.pop("forward", None)
-
-    @torch.no_grad()
-    def take(self, start: int):
-        """A cache holding exactly columns `[0, start)`, or None (start 0, or a cache that cannot be cropped). The columns
-        past the last `start` taken hold a plan's grafted keys and values: a longer prefix is computed afresh."""
-        if start == 0 or not self.croppable:
-            return None
-        self.head = None  # cropping below drops any head built on this cache
-        if self.cache is None or self.clean < start:
-            if not self._keep(self.model(**_time_slice(self.batch, 0, start), use_cache=True, logits_to_keep=1)):
-                return None
-        self.clean = start
-        return self._crop(start)
-
-    def _keep(self, out) -> bool:
-        "Keep `out`'s cache as the shared one (clean from column 0) if it can be cropped (not e.g. Gemma 2/3's windows)."
-        self.cache, self.clean = out.past_key_values, 0
-        self.croppable = _plain_layers(self.cache)
-        if not self.croppable:
-            self.cache = None
-        return self.croppable
-
-    def _crop(self, n: int):
-        "The cache cut back to `n` columns, each layer alone (a plan that replayed lower layers grew only the upper ones)."
-        for layer in self.cache.layers:
-            if (extra := layer.get_seq_length() - n) > 0:
-                layer.crop(-extra)
-        return self.cache
-
-    @torch.no_grad()
-    def take_head(
-        self, plan, models: dict, masks: list[torch.Tensor], seed: int = 0, upto: int = 0, runs: dict | None = None
-    ):
-        """A cache of every column but the last, computed under `plan`'s rules there (on the ungrafted prefix; the layers
-        below `upto` but the first replayed and left out of the cache; the first runs, so that the cache's length, which
-        a model may read from it, counts every column): the plans of one `head_signature` and `upto` share it (e.g. the
-        hybrids all graft the relation model at FE; patching plans take the donor's activations from `runs`). None
-        where the cache cannot be cropped."""
-        width, key = self.batch["input_ids"].shape[1], (head_signature(plan, masks), upto)
-        if self.head != key:
-            start = first_grafted_column(masks, width)
-            cache = self.take(start)
-            if not self.croppable:
-                return None
-            with (
-                grafted(plan, models, [m[:, : width - 1] for m in masks], seed, runs, _whole(self.batch, plan)),
-                self.replay(upto, start, width - 1, first=1) if upto > 1 else nullcontext(),
-            ):
-                out = self.model(
-                    **_time_slice(self.batch, start, width - 1), past_key_values=cache, use_cache=True, logits_to_keep=1
-                )
-            if cache is None and not self._keep(out):
-                return None  # grafted from the first column: the cache starts here
-            self.head = key
-        return self._crop(width - 1)  # the last plan of this head grew it
+    return dict(**time_slice(batch, 0), use_cache=True, logits_to_keep=1) if plan.patches else None
 
 
 def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
@@ -310,6 +151,11 @@ def head_signature(plan, masks: list[torch.Tensor]) -> tuple | None:
     return (plan.base, tuple(head)) if head else None
 
 
+def _opened(plan, models: dict, batch: dict, seed: int = 0, runs: dict | None = None):
+    "The intervention of `plan` on `batch` as `dwg.engine.prefix` takes it: masks -> its rules' contexts."
+    return lambda masks: grafted(plan, models, masks, seed, runs, _whole(batch, plan))
+
+# %% ../../nbs/03_evaluate.ipynb #6d6bd380
 @torch.no_grad()
 def plan_forward(
     plan,
@@ -325,77 +171,47 @@ def plan_forward(
     """Float32 last-position logits of `batch` under `plan`, and the cache (reusing `prefix` for the ungrafted columns,
     or with `shared_head` its cache of every column but the last under the plan's rules there; `replay_layers`: and its
     layer outputs below the plan's first layer; the cache then lacks those layers' new columns)."""
-    width = batch["input_ids"].shape[1]
+    width, model, opened = batch["input_ids"].shape[1], models[plan.base], _opened(plan, models, batch, seed, runs)
     upto = first_grafted_layer(plan, models, seed) if replay_layers and prefix is not None else 0
     if upto and prefix.layer_outputs() is None:
         upto = 0
     start = width - 1 if shared_head else min(first_grafted_column(masks, width), width - 1)
-    cache = (
-        None
-        if prefix is None
-        else prefix.take_head(plan, models, masks, seed, upto, runs)
-        if shared_head
-        else prefix.take(start)
-    )
+    if prefix is None:
+        cache = None
+    elif shared_head:
+        cache = head_cache(prefix, (head_signature(plan, masks), upto), masks, opened, upto)
+    else:
+        cache = prefix.take(start)
     if cache is None:
         start = 0
     elif shared_head:  # the head's columns are in the cache, computed under the plan: the masks act on the last alone
         masks = [torch.cat([torch.zeros_like(m[:, :-1]), m[:, -1:]], 1) for m in masks]
-    with (
-        grafted(plan, models, masks, seed, runs, _whole(batch, plan)),
-        prefix.replay(upto, start) if upto else nullcontext(),
-    ):
-        out = models[plan.base](**_time_slice(batch, start), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1].float(), out.past_key_values
+    with opened(masks), prefix.replay(upto, start) if upto else nullcontext():
+        out = model(**time_slice(batch, start), **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float(), output_cache(out)
 
 # %% ../../nbs/03_evaluate.ipynb #7b1f4411
-def _extend(batch: dict, masks: list[torch.Tensor], nxt: torch.Tensor, generated: str) -> tuple[dict, list]:
-    "The batch and masks with one more column holding the tokens `nxt` (batch, 1)."
-    batch = dict(
-        input_ids=torch.cat([batch["input_ids"], nxt], 1),
-        attention_mask=torch.cat([batch["attention_mask"], torch.ones_like(nxt)], 1),
-        position_ids=torch.cat([batch["position_ids"], batch["position_ids"][:, -1:] + 1], 1),
-    )
-    return batch, [
-        torch.cat([m, m[:, -1:] if generated == "last_token" else torch.zeros_like(m[:, -1:])], 1) for m in masks
-    ]
-
-
-def _cache_rows(cache, keep: torch.Tensor):
-    """A copy of `cache` holding only the rows `keep` (the shared prefix's cache is left whole), or None when its layers
-    cannot be selected by row (only plain per-layer caches are)."""
-    if not _plain_layers(cache):
-        return None
-    cache = copy.copy(cache)
-    cache.layers = [copy.copy(layer) for layer in cache.layers]
-    cache.batch_select_indices(keep.nonzero().squeeze(1))
-    return cache
-
-
-@torch.no_grad()
 def _generate(plan, models, batch, masks, logits, cache, lengths: list[int], generated: str, seed: int) -> torch.Tensor:
-    """Greedy continuation ids (batch, max(lengths)) under `plan`, from the prompt's last logits and cache; row i is
-    decoded for its own `lengths[i]` tokens (a row whose target is complete leaves the batch; -1 past its end)."""
-    if generated not in ("base", "last_token"):
-        raise ValueError(f"generated must be 'base' or 'last_token', not '{generated}'.")
-    out = torch.full((len(lengths), max(lengths)), -1, dtype=torch.long, device=logits.device)
-    out[:, 0], rows, need = logits.argmax(-1), torch.arange(len(lengths)), torch.tensor(lengths)
-    for step in range(1, max(lengths)):
-        keep = need[rows] > step  # the rows whose target has a token `step`
-        if not keep.all() and (fewer := _cache_rows(cache, keep)) is not None:
-            cache, rows, masks = fewer, rows[keep], [m[keep] for m in masks]
-            batch = {k: v[keep] for k, v in batch.items()}
-        batch, masks = _extend(batch, masks, out[rows, step - 1 : step], generated)
-        with grafted(plan, models, masks, seed):
-            now = models[plan.base](
-                **_time_slice(batch, batch["input_ids"].shape[1] - 1),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        out[rows, step] = now.logits[:, -1].argmax(-1)
-        cache = now.past_key_values
-    return out
+    "Greedy continuation ids under `plan` (`dwg.engine.prefix.greedy_continuation` with the plan's rules open)."
+    model, opened = models[plan.base], lambda ms: grafted(plan, models, ms, seed)
+    return greedy_continuation(model, batch, masks, logits, cache, lengths, generated, opened)
+
+
+def _example_row(plan, ex: dict, target_id: int, tokenizer, skip_reason: str | None) -> dict:
+    "The part of a result row that every row has, scored or skipped."
+    return dict(
+        plan=plan.name,
+        fact_id=ex.get("fact_id"),
+        template=ex.get("template"),
+        filling=ex.get("filling"),
+        direction=ex.get("direction", "A2B"),
+        prompt=ex["prompt"],
+        target=ex["target"],
+        target_id=target_id,
+        target_token=tokenizer.decode([target_id]),
+        skipped=skip_reason is not None,
+        skip_reason=skip_reason,
+    )
 
 # %% ../../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
@@ -428,23 +244,9 @@ def score_plan(
     top = logits.softmax(-1).topk(n_top)
     lengths = [len(t) for t in prep["targets"]]
     gen = _generate(plan, models, prep["batch"], masks, logits, cache, lengths, generated, seed) if generate else None
-    rows = []
-    for i, ex in enumerate(prep["examples"]):
-        row = dict(
-            plan=plan.name,
-            fact_id=ex.get("fact_id"),
-            template=ex.get("template"),
-            filling=ex.get("filling"),
-            direction=ex.get("direction", "A2B"),
-            prompt=ex["prompt"],
-            target=ex["target"],
-            target_id=int(tids[i]),
-            target_token=tokenizer.decode([int(tids[i])]),
-            skipped=i in skipped,
-            skip_reason=skipped.get(i),
-        )
+    rows = [_example_row(plan, ex, int(tids[i]), tokenizer, skipped.get(i)) for i, ex in enumerate(prep["examples"])]
+    for i, row in enumerate(rows):
         if i in skipped:
-            rows.append(row)
             continue
         row.update(
             rank=int(ranks[i]),
@@ -458,14 +260,14 @@ def score_plan(
             row.update(
                 generated=tokenizer.decode(gen[i, : len(want)]), exact_match=gen[i, : len(want)].tolist() == want
             )
-        rows.append(row)
     return rows
 
-
+# %% ../../nbs/03_evaluate.ipynb #a882b0ee
 def _prefix_order(plans: list, prep: dict, share_heads: bool = True, first_layer=lambda plan: 0) -> list[tuple]:
-    """The plans of a chunk, each with whether it starts from a shared head (`SharedPrefix.take_head`): first those that
-    share none, from the longest ungrafted prefix to the shortest (the order that only crops the cache), then the plans
-    whose `head_signature` and `first_layer` (the layer their replay starts) others share, one after another."""
+    """The plans of a chunk, each with whether it starts from a shared head (`dwg.engine.prefix.head_cache`): first
+    those that share none, from the longest ungrafted prefix to the shortest (the order that only crops the cache),
+    then the plans whose `head_signature` and `first_layer` (the layer their replay starts) others share, one after
+    another."""
     width = prep["batch"]["input_ids"].shape[1]
     masks = {p.name: rule_masks(p, prep)[0] for p in plans}
     sigs = {p.name: (head_signature(p, masks[p.name]), first_layer(p)) for p in plans}
@@ -476,6 +278,16 @@ def _prefix_order(plans: list, prep: dict, share_heads: bool = True, first_layer
     return [(p, False) for p in alone] + [(p, True) for p in heads]
 
 
+def _chunk_prefixes(plans: list, models: dict, prep: dict, checked: dict, first_layer) -> dict:
+    """A `SharedPrefix` per base model of `plans` on this chunk; a base some plan replays records its layers at once
+    (that pass gives the cache too)."""
+    prefixes = {role: SharedPrefix(models[role], prep["batch"], checked) for role in {p.base for p in plans}}
+    for role, prefix in prefixes.items():
+        if any(first_layer(p) for p in plans if p.base == role):
+            prefix.layer_outputs()
+    return prefixes
+
+# %% ../../nbs/03_evaluate.ipynb #a96ff959
 def evaluate_plans(
     plans: list,
     models: dict,
@@ -512,30 +324,14 @@ def evaluate_plans(
     bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}  # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
-        prefixes = (
-            {role: SharedPrefix(models[role], prep["batch"], checked) for role in {p.base for p in plans}}
-            if share_prefix
-            else {}
-        )
-        for role, prefix in prefixes.items():  # a base some plan replays: its recording pass gives the cache too
-            if any(first_layer(p) for p in plans if p.base == role):
-                prefix.layer_outputs()
+        prefixes = _chunk_prefixes(plans, models, prep, checked, first_layer) if share_prefix else {}
         donor_runs = {"sites": sites}  # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p, head in _prefix_order(plans, prep, share_heads, first_layer):
-            for i, row in zip(
-                idx,
-                score_plan(
-                    p,
-                    models,
-                    tokenizer,
-                    prep,
-                    prefix=prefixes.get(p.base),
-                    runs=donor_runs,
-                    generate=generating(p),
-                    shared_head=head,
-                    **kw,
-                ),
-            ):
+            prefix, gen = prefixes.get(p.base), generating(p)
+            scored = score_plan(
+                p, models, tokenizer, prep, prefix=prefix, runs=donor_runs, generate=gen, shared_head=head, **kw
+            )
+            for i, row in zip(idx, scored):
                 rows[p.name][i] = row
             bar.update(len(idx))
             done += len(idx)
@@ -545,7 +341,7 @@ def evaluate_plans(
 
 # %% ../../nbs/03_evaluate.ipynb #5bdd0a84
 def _check_summary_rows(df: pd.DataFrame, ok: pd.DataFrame, by: list[str]):
-    "Raise, naming what is missing, unless the rows give a summary: `by` keys in every row, rank and prob, a scored row."
+    "Raise, naming what is missing, unless the rows give a summary: `by` keys in each row, rank and prob, a row scored."
     if df.empty:
         raise ValueError("summarize got no rows. Fix: pass the rows of evaluate_plans (or score_plan).")
     missing = [k for k in by if k not in df or df[k].isna().any()]
@@ -581,49 +377,6 @@ def summarize(rows, ks=(1, 5), by=("plan", "template")):
     return out.reset_index()
 
 # %% ../../nbs/03_evaluate.ipynb #105a0b49
-def adapter_roles(models: dict, plans: list, alone: bool = True) -> dict[str, str]:
-    """Roles whose model is a LoRA adapter directory that `plans` can use with no merged second model -> the role of the
-    adapter's base model: the plans graft it into that base (never patch it), and, if `alone`, run it on its own (a plan
-    with no rules, done as its base with the adapter grafted everywhere: the same model)."""
-    out = {}
-    for role, m in models.items():
-        if isinstance(m, tuple) or adapter_dir(m) is None:
-            continue
-        base = read_adapter(m).base
-        home = next((r for r, o in models.items() if r != role and not isinstance(o, tuple) and str(o) == base), None)
-        grafted_into_base = all(
-            r.method != "patch" and str(models.get(p.base)) == base for p in plans for r in p.rules if r.donor == role
-        )
-        if home and grafted_into_base and all(alone and not p.rules for p in plans if p.base == role):
-            out[role] = home
-    return out
-
-
-def _adapter_plans(plans: list, light: dict) -> list:
-    "`plans` with each plan that runs a light adapter role alone rewritten as its base role with the adapter grafted everywhere."
-    return [dataclasses.replace(p, base=light[p.base], rules=[Rule(p.base)]) if p.base in light else p for p in plans]
-
-
-def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, object]:
-    """Load each distinct model of a role -> (name | path | model) mapping once; `adapters` (role -> its base's role, from
-    `adapter_roles`): those roles become one LoRA donor view of their base each. Return (role -> model, tokenizer)."""
-    loaded, out, tok, adapters = {}, {}, None, adapters or {}
-    for role, m in models.items():
-        if role in adapters:
-            continue
-        if isinstance(m, tuple):
-            out[role], tok = m[0], tok or m[1]
-            continue
-        key = str(m)
-        if key not in loaded:
-            loaded[key] = load(key)
-        out[role] = loaded[key][0]
-        tok = tok or loaded[key][1]
-    for role, home in adapters.items():
-        out[role] = as_donor(out[home], read_adapter(models[role]))  # built once
-    return {r: out[r] for r in models}, tok
-
-
 def select_examples(
     dataset_dir, templates="all", split="all", max_examples: int = 0, direction: str = "A2B"
 ) -> list[dict]:
@@ -648,125 +401,3 @@ def select_examples(
     if not exs:
         raise ValueError(f"No evaluation examples in {dataset_dir} for templates={templates}, split={split}.")
     return exs[:max_examples] if max_examples else exs
-
-
-def _with_roles(plans: list, roles: set) -> list:
-    "The plans whose position roles the dataset has; the others are left out, and said so (e.g. movie plans on custom facts)."
-    out = [p for p in plans if not unknown_roles(p, roles)]
-    if left := [p.name for p in plans if p not in out]:
-        missing = sorted({n for p in plans for n in unknown_roles(p, roles)})
-        print(
-            f"left out {len(left)} plan(s) naming position role(s) {missing}, which this dataset's prompts do not have "
-            f"(its roles: {', '.join(sorted(roles))}): {', '.join(left)}"
-        )
-    if plans and not out:
-        check_plan_roles(plans, roles)  # nothing left: the error names the roles there are
-    return out
-
-
-def _generating(generate, plans: list, roles: list, depth: int):
-    "True / False as given, or the set of plan names a list of plan and group names means; an error if not among `plans`."
-    if isinstance(generate, bool):
-        return generate
-    names = set(expand_plans(resolve_plans(generate, roles, "generate", provider="these models"), depth))
-    if bad := sorted(names - {p.name for p in plans}):
-        raise ValueError(
-            f"generate names plans that this run does not score: {', '.join(bad)}. Fix: choose among "
-            f"{', '.join(p.name for p in plans)}, or give true / false."
-        )
-    return names
-
-
-def run_grafting(
-    models: dict,
-    dataset_dir,
-    plans: list,
-    experiment: str,
-    templates="all",
-    split="all",
-    batch_size: int = 64,
-    generate: bool | list = False,
-    generated: str = "base",
-    max_examples: int = 0,
-    out_dir=None,
-    seed: int = 0,
-    config: dict | None = None,
-    model_name: str | None = None,
-    reversal_plans=(),
-):
-    """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
-    results + run record. `reversal_plans` (names among `plans`) are scored on the reversal (B2A) prompts too;
-    `generate`: True, False, or plan and group names (among `plans`) that also decode the whole name."""
-    started = time.time()
-    nominal = [get_plan(p) for p in expand_plans(plans, 4)]  # depth-dependent families at a nominal depth: roles
-    need = sorted({r for p in nominal for r in p.roles} - set(models))
-    if need:
-        raise ValueError(f"Plans need model role(s) {need}; given: {list(models)}.")
-    examples = select_examples(dataset_dir, templates, split, max_examples)
-    roles = example_roles(
-        select_examples(dataset_dir, "all", "all")
-    )  # the dataset's roles: the chosen prompts may lack some
-    used = {r: m for r, m in models.items() if any(r in p.roles for p in nominal)}
-    light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
-    bound, tok = _load_roles(used, light)
-    depth = next(iter(bound.values())).config.num_hidden_layers
-    wanted = [get_plan(p) for p in expand_plans(plans, depth)]
-    generate = _generating(
-        generate, wanted, list(models), depth
-    )  # names of plans the dataset's roles leave out: unused
-    plans = _adapter_plans(_with_roles(wanted, roles), light)
-    if reversal_plans and not has_reversal_prompts(dataset_dir):  # custom facts: none
-        print(f"reversal_plans left out: {dataset_dir} has no reversal (B2A) prompts")
-        reversal_plans = ()
-    if bad := sorted(set(reversal_plans) - {p.name for p in plans}):
-        raise ValueError(
-            f"reversal_plans {bad} are not among this run's plans; choose from: {', '.join(p.name for p in plans)}."
-        )
-    with reusing_freed_memory():  # each chunk's large buffers reuse the last one's memory
-        rows = evaluate_plans(
-            plans, bound, tok, examples, batch_size, roles=roles, generate=generate, generated=generated, seed=seed
-        )
-        if reversal_plans:
-            reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
-            rows += evaluate_plans(
-                [p for p in plans if p.name in reversal_plans],
-                bound,
-                tok,
-                reverse,
-                batch_size,
-                roles=roles,
-                generate=generate,
-                generated=generated,
-                seed=seed,
-            )
-    info = Path(dataset_dir) / "dataset_info.json"
-    kind = json.loads(info.read_text()).get("kind") if info.exists() else None
-    model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
-    for r in rows:
-        r.update(experiment=experiment, model=model_name, dataset=kind)
-    if out_dir is not None:
-        write_jsonl(Path(out_dir) / "results.jsonl", rows)
-        skipped = sum(r["skipped"] for r in rows)
-        write_run_record(
-            out_dir,
-            config
-            or dict(
-                models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
-                dataset_dir=str(dataset_dir),
-                plans=[p.name for p in plans],
-                experiment=experiment,
-                templates=templates,
-                split=split,
-                batch_size=batch_size,
-                generate=generate,
-                generated=generated,
-                max_examples=max_examples,
-                seed=seed,
-                reversal_plans=list(reversal_plans),
-            ),
-            started,
-            n_rows=len(rows),
-            n_skipped=skipped,
-            n_examples=len(examples),
-        )
-    return pd.DataFrame(rows)

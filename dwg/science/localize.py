@@ -38,6 +38,7 @@ class Attribution:
     cost: dict  # forward and backward passes per batch, batches, seconds
 
     def mean(self, method: str) -> torch.Tensor:
+        "Each cell's attribution by `method`, averaged over the examples."
         return self.scores[method].mean(0)
 
     def table(self):
@@ -96,7 +97,7 @@ def attribute(
     batch_size: int = 32,
     **grid_kw,
 ) -> Attribution:
-    "Attribute the effect of grafting `donor` into `recipient` on each example's target log-probability to every cell."
+    "Attribute the effect of grafting `donor` into `recipient` on each target's log-probability to every cell."
     methods = _check_methods(methods, steps)
     grid = grid or Grid(recipient, **grid_kw)
     started = time.perf_counter()
@@ -117,7 +118,7 @@ def attribute(
     )
     return Attribution(grid, cat("base"), cat("full"), {m: cat(m) for m in methods}, cost)
 
-
+# %% ../../nbs/03a_localize.ipynb #c014x4
 def gradient_at(recipient, donor, tokenizer, examples: list[dict], grid: Grid, cells, batch_size: int = 32) -> tuple:
     "Log-probabilities (n_examples,) and gradients (n_examples, n_cells) with `cells` at 1 and every other cell at 0."
     values = torch.zeros(len(grid))
@@ -149,7 +150,7 @@ def cells_plan(
         ],
     )
 
-
+# %% ../../nbs/03a_localize.ipynb #c015x11
 def check_full_coverage(grid: Grid, examples: list[dict]):
     "Raise unless every field role has a span in every example (plans skip prompts that lack a named field)."
     check_examples(grid, examples)
@@ -237,7 +238,7 @@ def _prune(recovery, cells: list, necessity: torch.Tensor, target: float, budget
             kept.remove(c)
     return kept, steps
 
-
+# %% ../../nbs/03a_localize.ipynb #c016x17
 def search(
     recipient,
     donor,
@@ -250,9 +251,7 @@ def search(
     batch_size: int = 32,
     prune: bool = True,
 ) -> dict:
-    """The smallest cell set found that recovers `target` of the donor's log-probability gap over the recipient: grow
-    along `ranking` (one score per cell) with exact grafts, prune by exact grafts, at most `max_fraction` of the
-    exact evaluations a single-cell scan would make. Every recovery reported is measured by exact grafting."""
+    "The smallest cell set found along `ranking` that recovers `target` of the donor's gap over the recipient."
     ex = Exact(recipient, donor, tokenizer, examples, grid, batch_size)
     limit = max(3, int(max_fraction * len(grid)))
     pre, sft = ex([]).mean(), ex.model("donor").mean()
@@ -286,7 +285,7 @@ def search(
 
 # %% ../../nbs/03a_localize.ipynb #c017
 def _sets_rows(ex: Exact, sets: list, names: list[str]) -> dict[str, torch.Tensor]:
-    "Per-example log-probabilities of several cell sets, scored in one `evaluate_plans` call (shared tokenising/prefixes)."
+    "Per-example log-probabilities of several cell sets, scored in one `evaluate_plans` call."
     plans = [cells_plan(ex.grid, s, n, "recipient", "donor") for s, n in zip(sets, names)]
     ex.evaluations += len(plans)
     rows = evaluate_plans(plans, ex.models, ex.tok, ex.examples, ex.batch_size, progress=False)
@@ -297,8 +296,7 @@ def _sets_rows(ex: Exact, sets: list, names: list[str]) -> dict[str, torch.Tenso
 
 
 def scan(recipient, donor, tokenizer, examples: list[dict], grid: Grid, batch_size: int = 32):
-    """Exact effect of every cell: grafted alone (sufficiency: its log-probability minus the recipient's) and removed
-    from the full graft (necessity: the full graft's log-probability minus that without the cell). Mean over examples."""
+    "Exact effect of every cell, averaged over the examples: grafted alone and removed from the full graft."
     import pandas as pd
 
     ex = Exact(recipient, donor, tokenizer, examples, grid, batch_size)

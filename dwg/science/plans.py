@@ -20,8 +20,8 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
            'check_positions', 'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan',
            'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
            'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups',
-           'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'save_plan',
-           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'among', 'resolve_plans']
+           'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'plan_data', 'save_plan',
+           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'spell_out', 'among', 'resolve_plans']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -71,7 +71,7 @@ def check_positions(spec):
             "facts), last_token or all; a list is their union, {not: [...]} the complement."
         )
 
-
+# %% ../../nbs/02a_plans.ipynb #5a908d20
 def example_roles(examples: list[dict]) -> set[str]:
     "The span roles the evaluation examples carry (the keys of their `spans`)."
     return {role for e in examples for role in e.get("spans", {})}
@@ -128,7 +128,7 @@ class Rule:
         if self.dropout_strategy not in ("random", "count"):
             raise ValueError(f"Unknown dropout_strategy '{self.dropout_strategy}' in a rule: use 'random' or 'count'.")
 
-
+# %% ../../nbs/02a_plans.ipynb #3db2a29b
 @dataclass
 class GraftPlan:
     "A base model role plus grafting rules; round-trips through plain dicts (and YAML)."
@@ -166,7 +166,7 @@ class GraftPlan:
     def patches(self) -> bool:
         return any(r.method == "patch" for r in self.rules)
 
-
+# %% ../../nbs/02a_plans.ipynb #e54ae0f2
 @dataclass
 class PaperPlan(GraftPlan):
     "A plan of the paper's catalogue and where its figures draw it; the layout changes nothing that is grafted."
@@ -245,7 +245,7 @@ DEPTH_GROUPS = {
 DEPTH_POSITIONS = ("FE", "LT")  # figure 4's columns
 QUARTERS = ["first_quarter", "second_quarter", "third_quarter", "fourth_quarter"]
 
-
+# %% ../../nbs/02a_plans.ipynb #b4274e95
 def position_plans() -> list[PaperPlan]:
     "Figures 1, 2 and 5: PRE, SFT, and the fine-tuned model grafted into the pretrained one at each position set."
     plans = [
@@ -265,7 +265,7 @@ def reverse_plans() -> list[PaperPlan]:
         for name, (pos, _) in POSITION_SETS.items()
     ]
 
-
+# %% ../../nbs/02a_plans.ipynb #d21b4dc0
 def _component_references() -> list[PaperPlan]:
     "The task and relation models alone: the reference lines of figure 3."
     return [
@@ -318,11 +318,11 @@ def hybrid_plans() -> list[PaperPlan]:
 
 
 def depth_plans() -> list[PaperPlan]:
-    """Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT: the grafting plans
-    of `methods` there (one plan, one name: a methods run also draws figure 4)."""
+    """Figure 4: one component group in one layer quarter, fine-tuned into pretrained, at FE or at LT: the grafting
+    plans of `methods` there (one plan, one name: a methods run also draws figure 4)."""
     return [method_plan(m, pos, q) for pos in DEPTH_POSITIONS for m in DEPTH_GROUPS.values() for q in QUARTERS]
 
-
+# %% ../../nbs/02a_plans.ipynb #539289cf
 COMPARED_METHODS = {  # name: (rule method, components or sites) -- grafting the mechanism vs patching the result
     "graft": ("graft", ["attn", "ffn"]),
     "graft-attn": ("graft", ["attn"]),
@@ -356,7 +356,7 @@ def method_plan(method: str, position: str, layers: str) -> PaperPlan:
         label=f"{method} at {LABELS.get(position, position)}",
     )
 
-
+# %% ../../nbs/02a_plans.ipynb #1e2eb46c
 def _method_family(layer_specs: list[str]) -> list[PaperPlan]:
     "PRE, SFT, and every compared method at every method position over each layer spec."
     refs = [p for p in position_plans() if p.name in ("PRE", "SFT")]
@@ -371,7 +371,7 @@ def method_plans() -> list[PaperPlan]:
 
 
 def method_grid(n_layers: int) -> list[PaperPlan]:
-    "The full grid for a model of `n_layers` layers: each single layer, each quarter, and each 'from layer L to the end'."
+    "The full grid for a model of `n_layers` layers: each layer, each quarter, and each 'from layer L to the end'."
     return _method_family([f"layer_{i}" for i in range(n_layers)] + QUARTERS + [f"from_{i}" for i in range(n_layers)])
 
 
@@ -446,12 +446,12 @@ def figure_references(figure: str) -> list[str]:
 
 
 def figure_own(figure: str) -> list[str]:
-    "Names of the plans that bring a run into a figure: those drawn first there, not as references (M... for movie_spans)."
+    "Names of the plans that bring a run into a figure: drawn first there, not as references (M... for movie_spans)."
     refs = set(figure_references(figure))
     own = [p.name for p in figure_plans(figure) if p.figures[0] == figure and p.name not in refs]
     return own or [p for p in figure_order(figure) if p not in refs]
 
-
+# %% ../../nbs/02a_plans.ipynb #6b8e0140
 PLAN_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -460,9 +460,14 @@ def is_plan_file(plan) -> bool:
     return isinstance(plan, (str, Path)) and str(plan).endswith(PLAN_FILE_SUFFIXES)
 
 
+def plan_data(plan: GraftPlan) -> dict:
+    "`plan` as plain data (lists, no tuples): what a plan file holds, and what a sweep passes to a run."
+    return json.loads(json.dumps(plan.to_dict()))
+
+
 def save_plan(plan: GraftPlan, path) -> Path:
     "Write `plan` as a YAML plan file (atomically), readable by `get_plan`, `evaluate_plans` and a sweep's `plans:`."
-    return atomic_write(path, yaml.safe_dump(json.loads(json.dumps(plan.to_dict())), sort_keys=False))
+    return atomic_write(path, yaml.safe_dump(plan_data(plan), sort_keys=False))
 
 
 def load_plan_file(path) -> GraftPlan:
@@ -478,9 +483,9 @@ def load_plan_file(path) -> GraftPlan:
         raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")
     return GraftPlan.from_dict(d)
 
-
+# %% ../../nbs/02a_plans.ipynb #42c981fb
 def get_plan(plan) -> GraftPlan:
-    "A plan from a name (one of `paper_plans()`, or a grid name like `graft:LT@layer_3`), a plan file, a dict, or a GraftPlan."
+    "A plan from its name (in `paper_plans()`, or a grid name like `graft:LT@layer_3`), a plan file, dict or GraftPlan."
     if isinstance(plan, GraftPlan):
         return plan
     if isinstance(plan, dict):
@@ -518,10 +523,10 @@ def expand_plans(plans: list, n_layers: int) -> list:
     return list({q if isinstance(q, str) else id(q): q for q in out}.values())  # each name once
 
 # %% ../../nbs/02a_plans.ipynb #77412da1
-def _members(plans) -> list[str]:
-    "The plan names a plan or group name, or a list of them, stands for (groups spelled out, depth families kept)."
-    groups = plan_groups()
-    return [q for p in ([plans] if isinstance(plans, str) else plans) for q in groups.get(p, [p])]
+def spell_out(plans) -> list:
+    "The plans a group or plan name, or a list of names and plans, stands for: groups spelled out, the rest as given."
+    groups, entries = plan_groups(), [plans] if isinstance(plans, str) else plans
+    return [q for p in entries for q in (groups.get(p, [p]) if isinstance(p, str) else [p])]
 
 
 def among(names, plans) -> bool:
@@ -530,35 +535,60 @@ def among(names, plans) -> bool:
         isinstance(names, list)
         and bool(names)
         and all(isinstance(n, str) for n in names)
-        and set(_members(names)) <= set(_members(plans))
+        and set(spell_out(names)) <= {p for p in spell_out(plans) if isinstance(p, str)}
     )
 
 
-def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list[str]:
-    "Plan names from a group name or a list of plan and group names, each runnable with `roles`; else a clear error."
-    groups, catalog = plan_groups(), paper_plans()
+def _plan_name(plan) -> str:
+    "The name of a plan entry: a plan or family name as written; the name inside a plan file, dict or GraftPlan."
+    return get_plan(plan).name if not isinstance(plan, str) or is_plan_file(plan) else plan
+
+
+def _check_entries(plans, where: str, groups: dict) -> list:
+    "A `plans` value as a list (names, plan files, dicts, GraftPlans), groups spelled out; else an error."
     if isinstance(plans, str):
         plans = [plans]
-    if not isinstance(plans, list) or not plans or not all(isinstance(p, str) for p in plans):
+    if not isinstance(plans, list) or not plans or not all(isinstance(p, (str, dict, GraftPlan)) for p in plans):
         raise ValueError(
-            f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and group names."
+            f"{where}: plans must be a group name ({', '.join(groups)}) or a non-empty list of plan and group "
+            "names, plan files or plans."
         )
-    plans = _members(plans)
-    if unknown := [
-        p
-        for p in plans
-        if p not in catalog and p not in DEPTH_FAMILIES and not parse_method_plan(p) and not is_plan_file(p)
-    ]:
+    return spell_out(plans)
+
+# %% ../../nbs/02a_plans.ipynb #602beb8d
+def _unknown_names(plans: list, groups: dict, catalog: dict) -> list[str]:
+    "The names among `plans` that are no plan, group, grid plan or plan file."
+    known = lambda p: p in catalog or p in DEPTH_FAMILIES or parse_method_plan(p) or is_plan_file(p)
+    return [p for p in plans if isinstance(p, str) and not known(p)]
+
+
+def _needed_roles(plan) -> set[str]:
+    "The model roles a plan entry uses (a depth family's plans at any depth)."
+    return {r for q in expand_plans([plan], 4) for r in get_plan(q).roles}
+
+
+def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> list:
+    """Plan names (and plans given as dicts or GraftPlans) from a group name or a list of plan and group names, plan
+    files and plans, each runnable with `roles`; else a clear error naming `where`."""
+    groups, catalog = plan_groups(), paper_plans()
+    plans = _check_entries(plans, where, groups)
+    if unknown := _unknown_names(plans, groups, catalog):
         raise ValueError(
             f"{where}: unknown plan(s) {', '.join(map(repr, unknown))}. Known plans (dwg.science.plans."
             f"paper_plans()): {', '.join(catalog)}; groups: {', '.join([*groups, *DEPTH_FAMILIES])}; "
             "grid plans like 'graft:LT@layer_3'; or a plan file (.yaml)."
         )
-    need = {p: {r for q in expand_plans([p], 4) for r in get_plan(q).roles} for p in plans}  # depth families: any depth
-    if wrong := [p for p in plans if not need[p] <= set(roles)]:
+    plans = list({p if isinstance(p, str) else id(p): p for p in plans}.values())  # each name once
+    try:
+        need = [_needed_roles(p) for p in plans]
+    except ValueError as e:  # a plan file that does not load
+        raise ValueError(f"{where}: {e}") from None
+    if wrong := [i for i, n in enumerate(need) if not n <= set(roles)]:
         raise ValueError(
-            f"{where}: plan(s) {', '.join(map(repr, wrong))} need models "
-            f"{sorted({r for p in wrong for r in need[p]})}, but {provider} provides "
+            f"{where}: plan(s) {', '.join(repr(_plan_name(plans[i])) for i in wrong)} need models "
+            f"{sorted({r for i in wrong for r in need[i]})}, but {provider} provides "
             f"{list(roles)}. Move them to the other grafting section."
         )
-    return list(dict.fromkeys(plans))
+    if twice := sorted(n for n, k in Counter(map(_plan_name, plans)).items() if k > 1):
+        raise ValueError(f"{where}: plan name(s) {twice} appear more than once: give every plan its own name.")
+    return plans

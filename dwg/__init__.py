@@ -53,7 +53,7 @@ __all__ = sorted(_API)
 _EXTRAS = {"altair": "plots", "vl_convert": "plots", "papermill": "pipeline", "faker": "paper"}
 _NEEDS = {"science.charts": "altair"}  # modules that import an extra at once
 
-
+# %% ../nbs/00_api.ipynb #f62dcc2e
 def __getattr__(name: str):
     "Load a public name's module on first use (and say which extra to install when a dependency is missing)."
     if name not in _API:

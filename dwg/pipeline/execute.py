@@ -249,6 +249,9 @@ def remove_runs(runs_dir, runs: list[Run]) -> None:
             shutil.rmtree(gone)
 
 # %% ../../nbs/05f_execute.ipynb #63bc3eb2
+_HANDLER_NAME = "dwg-stderr"  # found by name, not class: a notebook that defines the class again adds no second one
+
+
 class _Stderr(logging.StreamHandler):
     "A handler writing to `sys.stderr` as it is when a message comes."
 
@@ -260,8 +263,9 @@ class _Stderr(logging.StreamHandler):
 def log_to_stderr() -> None:
     "Show dwg's messages (INFO and above) on stderr as `dwg: message`; calling it again adds nothing."
     log = logging.getLogger("dwg")
-    if not any(isinstance(h, _Stderr) for h in log.handlers):
+    if not any(h.get_name() == _HANDLER_NAME for h in log.handlers):
         handler = _Stderr()
+        handler.set_name(_HANDLER_NAME)
         handler.setFormatter(logging.Formatter("dwg: %(message)s"))
         log.addHandler(handler)
     log.setLevel(logging.INFO)

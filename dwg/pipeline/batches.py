@@ -4,7 +4,6 @@
 
 # %% ../../nbs/04b_batches.ipynb #c0b1a003
 from __future__ import annotations
-import random
 import warnings
 import torch
 

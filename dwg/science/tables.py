@@ -169,7 +169,7 @@ def short_label(name, width: int = 40) -> str:
 
 
 def summary_table(acc: pd.DataFrame, plans=None, digits: int = 2) -> pd.DataFrame:
-    """Wide table: a row per (model, dataset, [run_id,] [template,] plan), a column per metric as `acc [lo, hi]`,
+    """Wide table: a row per model, dataset, plan (and run_id, template where present), a column per metric as `acc [lo, hi]`,
     plus facts."""
     a = acc if plans is None else acc[acc.plan.isin(plans)]
     keys = [c for c in ["model", "dataset", "run_id", "template"] if c in a]

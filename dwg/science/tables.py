@@ -252,6 +252,9 @@ RESULT_COLUMNS = [
     "run_id",
     "filling",
     "direction",
+    "prompt_roles",  # the span roles the prompt names (e.g. movie_title: a prompt that names the movie)
+    "distractor_ranks",  # ranks of the other facts' answers' first tokens (chance level)
+    "train_seed",  # the training seed of the models grafted
 ]
 
 

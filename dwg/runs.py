@@ -17,10 +17,11 @@ from pathlib import Path
 import dwg
 
 # %% auto #0
-__all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'file_problem',
-           'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json', 'report_progress', 'read_progress',
-           'reusing_freed_memory', 'git_commit', 'file_digest', 'output_digests', 'write_run_record', 'is_finished',
-           'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models', 'training_row', 'training_table']
+__all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'CPU_FLAGS', 'TRAIN_SUMMARY',
+           'file_problem', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json', 'report_progress',
+           'read_progress', 'reusing_freed_memory', 'git_commit', 'file_digest', 'output_digests', 'machine',
+           'write_run_record', 'is_finished', 'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models',
+           'training_row', 'training_table']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
 def file_problem(path, what: str) -> str | None:
@@ -199,13 +200,27 @@ def _as_json(x):
     return sorted(x, key=str) if isinstance(x, (set, frozenset)) else str(x)
 
 
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # the flags that decide a run's speed and precision
+
+
+def machine() -> dict:
+    "This machine's CPU model, core count and which of `CPU_FLAGS` it has (from /proc/cpuinfo where there is one)."
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    pairs = (line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in pairs}  # every CPU lists the same fields
+    flags = set(fields.get("flags", "").split())
+    cpu = fields.get("model name") or platform.processor()
+    return dict(cpu=cpu or "unknown", cores=os.cpu_count(), flags=[f for f in CPU_FLAGS if f in flags])
+
+
 def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
-    "Write `run.json` (config, version, commit, host, wall time, outputs' checksums, extras) last: a finished run."
+    "Write `run.json` (config, version, commit, host, machine, wall time, outputs' checksums, extras) last."
     record = dict(
         config=config,
         dwg_version=dwg.__version__,
         git_commit=git_commit(),
         host=platform.node(),
+        machine=machine(),
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         wall_seconds=round(time.time() - started, 2),
         outputs=output_digests(out_dir),

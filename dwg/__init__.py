@@ -44,10 +44,12 @@ _API = {  # public name -> the module that defines it
     "accuracy_table": "science.tables",
     "load_runs": "science.tables",
     "claims_table": "science.claims",
+    "chance_table": "science.claims",
+    "load_claims": "science.claims_file",
     "paper_figures": "science.charts",
     "position_chart": "science.charts",
     "component_chart": "science.charts",
-    "load_sweep": "pipeline.sweep",
+    "load_sweep": "pipeline.sweep_checks",
 }
 __all__ = sorted(_API)
 _EXTRAS = {"altair": "plots", "vl_convert": "plots", "papermill": "pipeline", "faker": "paper"}

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 import yaml
 from dwg.runs import read_jsonl
-from dwg.pipeline.sweep import read_graph, graph_runs, run_paths
+from dwg.pipeline.sweep import read_graph, graph_runs
+from dwg.pipeline.run_dirs import run_paths
 from dwg.dev.testing import standin_notebooks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ def marker_snapshot(runs_dir):
     "{run.json path: (mtime_ns, content)} of every finished run."
     out = {}
     for r in graph_runs(read_graph(runs_dir)):
-        m = run_paths(runs_dir, r)["out"] / "run.json"
+        m = run_paths(runs_dir, r).out / "run.json"
         if m.is_file():
             out[str(m)] = (m.stat().st_mtime_ns, m.read_text())
     return out
@@ -79,7 +80,7 @@ def results_table(runs_dir):
     for r in graph_runs(read_graph(runs_dir)):
         if not r.stage.startswith("graft_"):
             continue
-        for row in read_jsonl(run_paths(runs_dir, r)["out"] / "results.jsonl"):
+        for row in read_jsonl(run_paths(runs_dir, r).out / "results.jsonl"):
             if row.get("skipped"):
                 continue
             out[(r.stage, row["plan"], row["fact_id"], row.get("template"))] = (row["rank"], row["prob"])

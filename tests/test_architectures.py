@@ -176,7 +176,7 @@ CANONICAL = {  # written from the families' modeling code: (model type, name) ->
 @pytest.mark.parametrize("key", list(CANONICAL))
 def test_canonical_names(key):
     model_type, name = key
-    assert architecture(tiny_random(model_type))["names"][name] == CANONICAL[key]
+    assert architecture(tiny_random(model_type)).components[name] == CANONICAL[key]
 
 
 def test_fused_qkv_layout_phi3():

@@ -5,6 +5,7 @@ import shutil
 import pytest
 import yaml
 from dwg.pipeline import sweep as sw
+from dwg.pipeline.sweep_file import sweeps_dir
 from dwg.science.custom import example_files
 from _sweep_helpers import sweep_cli, states, results_table
 
@@ -18,7 +19,7 @@ def custom_sweep(tmp_path, facts=None, **dataset):
             shutil.copy(f, data / f.name)
     if facts is not None:
         (data / "facts.csv").write_text(facts)
-    d = yaml.safe_load((sw.sweeps_dir() / "smoke.yaml").read_text())
+    d = yaml.safe_load((sweeps_dir() / "smoke.yaml").read_text())
     d["datasets"] = {
         "ceos": dict(kind="custom", facts="data/facts.csv", templates="data/templates.yaml", n_facts=4, **dataset)
     }
@@ -54,7 +55,7 @@ def test_custom_datasets_are_checked_when_the_sweep_loads(tmp_path):
                 },
             }
         )
-    d = yaml.safe_load((sw.sweeps_dir() / "smoke.yaml").read_text())
+    d = yaml.safe_load((sweeps_dir() / "smoke.yaml").read_text())
     d["datasets"]["fake4"]["facts"] = "x.csv"
     with pytest.raises(sw.SweepError, match="only go with kind custom"):
         sw.load_sweep(d)

@@ -4,6 +4,7 @@ nbs/03a_localize.ipynb)."""
 import pytest
 import yaml
 from dwg.pipeline import sweep as sw
+from dwg.pipeline.sweep_file import sweeps_dir
 
 
 def test_localize_profile_graph():
@@ -21,7 +22,7 @@ def test_localize_profile_graph():
 
 def test_localize_section_in_another_sweep():
     "A localize section next to the grafting sections shares their SFT model; figures read only the grafting runs."
-    d = yaml.safe_load((sw.sweeps_dir() / "smoke.yaml").read_text())
+    d = yaml.safe_load((sweeps_dir() / "smoke.yaml").read_text())
     d["localize"] = dict(split="relation", templates="all", max_fraction=0.5)
     g = sw.expand(d)
     loc = next(r for r in g if r.stage == "localize")
@@ -34,7 +35,7 @@ def test_localize_section_in_another_sweep():
 
 def test_localize_section_errors():
     "Unknown keys and bad options are errors before anything runs."
-    d = yaml.safe_load((sw.sweeps_dir() / "localize.yaml").read_text())
+    d = yaml.safe_load((sweeps_dir() / "localize.yaml").read_text())
     with pytest.raises(sw.SweepError, match="unknown key 'layerz'"):
         sw.load_sweep({**d, "localize": {**d["localize"], "layerz": 3}})
     with pytest.raises(sw.SweepError, match="localize.split"):

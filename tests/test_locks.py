@@ -8,7 +8,8 @@ import threading
 import time
 from dwg.pipeline.locks import RunBusy, run_lock
 from dwg.pipeline.status import status
-from dwg.pipeline.sweep import load_sweep, make_graph
+from dwg.pipeline.sweep_checks import load_sweep
+from dwg.pipeline.sweep import make_graph
 from _sweep_helpers import states, sweep_cli
 
 PROBE = "from dwg.pipeline.locks import lock_holder as probe"

@@ -9,7 +9,7 @@ import pytest
 from unittest.mock import patch
 from dwg.science import charts, recovery, recovery_charts
 from dwg.science.tables import accuracy_table, paper_tables, plan_label, report_tables
-from dwg.pipeline import sweep
+from dwg.pipeline import sweep_file as sweep
 from dwg.dev import testing
 from dwg.science import plans
 from dwg.science.plans import FAMILIES, QUARTERS, PaperPlan, Rule
@@ -188,7 +188,9 @@ def test_figures_notebook(tmp_path, results):
         "methods.csv",
         "recovery.csv",
         "claims.csv",
+        "chance.csv",
         "tables.md",
+        "report.html",
         "run.json",
     }
     for n in names:  # every PNG is a picture of a chart: a real size, and far more than a blank canvas compresses to
@@ -202,6 +204,10 @@ def test_figures_notebook(tmp_path, results):
         )
     record = json.loads((out / "run.json").read_text())
     assert record["synthetic_data"] is False and len(record["runs"]) == 2
+    # the report: one page, the claims file's hash recorded, every figure embedded, nothing fetched from the network
+    html = (out / "report.html").read_text()
+    assert len(record["claims_sha256"]) == 64 and record["claims_sha256"] in html
+    assert html.count("data:image/") >= len(names) and 'src="http' not in html
     assert "SYNTHETIC" not in (out / "positions.svg").read_text()
     # The table behind figure 1 is accuracy_table's, prompts pooled, from the finished runs only:
     want = accuracy_table(pos, k=5, by=["model", "dataset", "plan"], n_boot=200)

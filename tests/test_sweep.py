@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from dwg.pipeline import sweep as sw
+from dwg.pipeline.sweep_file import STAGE_ORDER, SweepError, sweeps_dir
+from dwg.pipeline.sweep_checks import load_sweep
+from dwg.pipeline.run_dirs import PROGRESS, run_paths, run_state
 from dwg.pipeline.config import profile_content
 from dwg.pipeline import execute, space
 from dwg.pipeline.status import format_status, status
@@ -32,7 +35,7 @@ from _sweep_helpers import (
 
 
 def raw(profile="smoke"):
-    return yaml.safe_load((sw.sweeps_dir() / f"{profile}.yaml").read_text())
+    return yaml.safe_load((sweeps_dir() / f"{profile}.yaml").read_text())
 
 
 # --- expansion and ids -------------------------------------------------------------------------------------------
@@ -42,7 +45,7 @@ def test_profiles_expand_with_stable_ids(profile):
     a, b = sw.expand(profile), sw.expand(profile)
     assert [r.key for r in a] == [r.key for r in b]
     assert len({r.key for r in a}) == len(a)
-    order = [sw.STAGE_ORDER.index(r.stage) for r in a]
+    order = [STAGE_ORDER.index(r.stage) for r in a]
     assert order == sorted(order)
     for r in a:  # inputs come earlier in the graph
         assert all(i in {x.key for x in a[: a.index(r)]} for i in r.inputs)
@@ -89,7 +92,7 @@ def test_model_pair_training_facts(relation_model):
 
     d = raw("embedded")
     d["train"]["relation_model"] = relation_model
-    g = sw.expand(sw.load_sweep(d))
+    g = sw.expand(load_sweep(d))
     comps = next(r for r in g if r.stage == "graft_components")
     task, relation = (next(r for r in g if "@" + r.key == comps.params[role]) for role in ("task", "relation"))
     ds = build_dataset("fake_movies_fake_actors", 30, seed=0)
@@ -103,10 +106,8 @@ def test_model_pair_training_facts(relation_model):
         positions.params["finetuned"] == "@" + relation.key and positions.params["split"] == "relation"
     )  # SFT = the relation model
     d["train"]["relation_model"] = "both"
-    with pytest.raises(
-        sw.SweepError, match=r"train.relation_model must be all \(the paper.s pair.*or half .*got .both."
-    ):
-        sw.load_sweep(d)
+    with pytest.raises(SweepError, match=r"train.relation_model must be all \(the paper.s pair.*or half .*got .both."):
+        load_sweep(d)
 
 
 def test_breadth_graph_shape():
@@ -127,12 +128,32 @@ def test_breadth_graph_shape():
     assert "per_dataset" not in figs["breadth"].params  # sweep options, not notebook parameters
     d = raw("breadth")
     d["figures"]["k_by_dataset"] = {"nope": 50}
-    with pytest.raises(sw.SweepError, match="figures.k_by_dataset must map dataset names"):
-        sw.load_sweep(d)
+    with pytest.raises(SweepError, match="figures.k_by_dataset must map dataset names"):
+        load_sweep(d)
     d = raw("breadth")
     d["figures"]["per_dataset"] = False  # k per dataset without per-dataset figures: said, not ignored
-    with pytest.raises(sw.SweepError, match="k_by_dataset needs per_dataset"):
-        sw.load_sweep(d)
+    with pytest.raises(SweepError, match="k_by_dataset needs per_dataset"):
+        load_sweep(d)
+
+
+def test_training_seeds_in_a_dry_run(tmp_path):
+    """`seeds: [0, 1]`: a dry run lists the model pair trained twice and every grafting stage twice, each on its seed's
+    models; the seed-0 runs are the one-seed sweep's, and `seeds: [0]` gives the ids of `seed: 0` (smoke's)."""
+    d = raw()
+    del d["train"]["seed"]
+    d["train"]["seeds"] = [0]
+    smoke = sw.expand("smoke")
+    assert [r.key for r in sw.expand(d)] == [r.key for r in smoke]
+    d["train"]["seeds"] = [0, 1]
+    (tmp_path / "seeds.yaml").write_text(yaml.safe_dump(d))
+    r = sweep_cli("run", "--sweep", tmp_path / "seeds.yaml", "--runs", tmp_path / "runs", "--dry-run", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    listed = [line.split() for line in r.stdout.splitlines() if line.startswith("  ") and "pending" in line]
+    labels = lambda stage: sorted(label for key, _, label in listed if key.startswith(f"{stage}/"))
+    assert labels("models") == [f"tiny-llama:fake4:{role}:seed{s}" for role in ("relation", "task") for s in (0, 1)]
+    for stage in ("graft_positions", "graft_components", "graft_methods"):
+        assert labels(stage) == ["tiny-llama:fake4:seed0", "tiny-llama:fake4:seed1"], stage
+    assert {r.key for r in smoke if r.stage != "figures"} < {key for key, _, _ in listed}
 
 
 def test_ids_change_with_config_and_only_downstream():
@@ -205,7 +226,7 @@ def test_dataset_overrides_renew_only_that_datasets_models():
         ({"d2": 3}, "must map dataset names"),
     ]:
         d["train"]["dataset_overrides"] = bad
-        with pytest.raises(sw.SweepError, match=msg):
+        with pytest.raises(SweepError, match=msg):
             sw.expand(d)
 
 
@@ -226,7 +247,7 @@ def test_general_text_is_in_the_id_only_when_used(tmp_path):
         "models",
     ]
     d["train"]["overrides"]["supplemental"] = 4
-    with pytest.raises(sw.SweepError, match="train.overrides: .*has 3 passages and they are drawn without replacement"):
+    with pytest.raises(SweepError, match="train.overrides: .*has 3 passages and they are drawn without replacement"):
         sw.expand(d)
 
 
@@ -272,8 +293,8 @@ def test_sweep_file_errors(tmp_path, change, message):
     "Each mistake is a clear error naming it."
     d = raw()
     change(d)
-    with pytest.raises(sw.SweepError) as e:
-        sw.load_sweep(d)
+    with pytest.raises(SweepError) as e:
+        load_sweep(d)
     assert message in str(e.value)
 
 
@@ -283,12 +304,12 @@ def test_training_profile_and_overrides_errors_are_told_apart(tmp_path):
     prof.write_text((Path(sw.__file__).parents[1] / "configs" / "tiny.yaml").read_text() + "epochz: 2\n")
     d = raw()
     d["train"]["config"] = str(prof)
-    with pytest.raises(sw.SweepError, match=r"train.config: Unknown training setting\(s\) 'epochz'"):
-        sw.load_sweep(d)
+    with pytest.raises(SweepError, match=r"train.config: Unknown training setting\(s\) 'epochz'"):
+        load_sweep(d)
     d = raw()
     d["train"]["overrides"] = {1: 2}
-    with pytest.raises(sw.SweepError, match="train.overrides: "):
-        sw.load_sweep(d)
+    with pytest.raises(SweepError, match="train.overrides: "):
+        load_sweep(d)
 
 
 def test_sweep_file_errors_cli(tmp_path):
@@ -313,13 +334,13 @@ def test_missing_trained_model(tmp_path):
     d = raw()
     d["models"] = ["tiny-llama", "tiny-gpt2"]
     d["train"]["pairs"] = [["tiny-llama", "fake4"]]
-    with pytest.raises(sw.SweepError, match="No trained model for model 'tiny-gpt2' on dataset 'fake4'"):
+    with pytest.raises(SweepError, match="No trained model for model 'tiny-gpt2' on dataset 'fake4'"):
         sw.expand(d)
     for section in ("graft_positions", "graft_components", "graft_methods"):
         d[section]["pairs"] = [["tiny-llama", "fake4"]]
     assert {r.params["model"] for r in sw.expand(d) if r.stage == "models"} == {"tiny-llama"}
     d["graft_positions"]["pairs"] = [["tiny-llama", "fake9"]]
-    with pytest.raises(sw.SweepError, match="dataset 'fake9' is not in the sweep's datasets"):
+    with pytest.raises(SweepError, match="dataset 'fake9' is not in the sweep's datasets"):
         sw.expand(d)
 
 
@@ -333,14 +354,14 @@ def test_notebook_checks(tmp_path):
     assert r.returncode == 2 and "passes ['direction'] but the parameters cell" in r.stderr
     nb["cells"][1]["source"] += '\ndirection = "all"   # all = both directions\n'  # papermill skips this line
     (nbs / "train.ipynb").write_text(json.dumps(nb))
-    with pytest.raises(sw.SweepError, match=r"papermill cannot read the parameter\(s\) \['direction'\]"):
+    with pytest.raises(SweepError, match=r"papermill cannot read the parameter\(s\) \['direction'\]"):
         sw.make_graph(str(sweep), tmp_path / "r", nbs)
     nb["cells"][1]["metadata"] = {}
     (nbs / "train.ipynb").write_text(json.dumps(nb))
-    with pytest.raises(sw.SweepError, match="no cell tagged 'parameters'"):
+    with pytest.raises(SweepError, match="no cell tagged 'parameters'"):
         sw.make_graph(str(sweep), tmp_path / "r", nbs)
     (nbs / "figures.ipynb").unlink()
-    with pytest.raises(sw.SweepError, match="figures.ipynb does not exist"):
+    with pytest.raises(SweepError, match="figures.ipynb does not exist"):
         sw.make_graph(str(sweep), tmp_path / "r", nbs)
 
 
@@ -457,7 +478,7 @@ def test_local_run_then_rerun_skips(tmp_path):
     for key in st:
         stage, rid = key.split("/")
         assert (rd / stage / rid / "notebook.ipynb").is_file() and not (rd / stage / f"{rid}.tmp").exists()
-    assert not list(rd.rglob(sw.PROGRESS))  # progress files are for running runs only
+    assert not list(rd.rglob(PROGRESS))  # progress files are for running runs only
     fig = json.loads(next((rd / "figures").glob("*/tables.json")).read_text())
     assert len(fig["results"]) == 3
     snap = marker_snapshot(rd)
@@ -521,7 +542,7 @@ def test_corrupt_run_is_redone_with_its_dependants(tmp_path):
     after = marker_snapshot(rd)
     redone = {k for k in snap if after.get(k) != snap[k]}
     assert redone == {str(rd / bad / "run.json"), str(rd / fig / "run.json")}, redone
-    assert read_jsonl(results) and sw.run_state(rd, dict(stage="graft_positions", id=bad.split("/")[1])) == "done"
+    assert read_jsonl(results) and run_state(rd, dict(stage="graft_positions", id=bad.split("/")[1])) == "done"
 
 
 def _wait_for(cond, timeout=120, every=0.05):
@@ -567,7 +588,7 @@ def test_interrupted_sweep_resumes(tmp_path, how):
         def mid_training():  # one training finished and the next one has a checkpoint but is not finished
             done = [p for p in models.glob("*/model/run.json")] if models.is_dir() else []
             part = [p for p in models.glob("*.tmp/model.tmp/checkpoint-0")] if models.is_dir() else []
-            return done and part and (part[0].parent.parent / sw.PROGRESS).exists() and part[0]
+            return done and part and (part[0].parent.parent / PROGRESS).exists() and part[0]
 
         ck0 = _wait_for(mid_training)
         st_mid = status(rd)  # the running training, with the last progress line its notebook wrote
@@ -643,8 +664,8 @@ def test_kernels_are_given_time_to_start(tmp_path, monkeypatch):
     graph = sw.make_graph(str(sweep), tmp_path / "runs", nbs)
     seen = {}
     monkeypatch.setattr(pm, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
-    p = dict(tmp=tmp_path, progress=tmp_path / "progress", notebook=tmp_path / "notebook.ipynb")
-    assert execute._execute(graph, sw.graph_runs(graph)[0], p, {}, progress=False) is None
+    run = sw.graph_runs(graph)[0]
+    assert execute._execute(graph, run, run_paths(tmp_path / "runs", run), {}, progress=False) is None
     assert seen["start_timeout"] == execute.KERNEL_START_TIMEOUT >= 300, seen
 
 

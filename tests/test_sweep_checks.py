@@ -1,5 +1,6 @@
-"""A sweep's mistakes found when it loads, before any training (dwg.pipeline.sweep): plan files and their position
-roles against the roles each dataset's prompts will have, and every value a run's notebook would refuse later."""
+"""A sweep's mistakes found when it loads, before any training (dwg.pipeline.sweep_checks): plan files and their
+position roles against the roles each dataset's prompts will have, and every value a run's notebook would refuse
+later."""
 
 import json
 import logging
@@ -7,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from dwg.pipeline import sweep as sw
+from dwg.pipeline.sweep_file import SweepError
+from dwg.pipeline.sweep_checks import load_sweep
 from dwg.science import plans as plans_mod
 from dwg.science.custom import example_files
 from _sweep_helpers import sweep_cli
@@ -37,8 +40,8 @@ def sweep_file(tmp_path: Path, **sections) -> Path:
 
 def problems_of(sweep) -> str:
     "The problems `load_sweep` reports for `sweep` (it must report some)."
-    with pytest.raises(sw.SweepError) as e:
-        sw.load_sweep(sweep)
+    with pytest.raises(SweepError) as e:
+        load_sweep(sweep)
     return str(e.value)
 
 
@@ -72,7 +75,7 @@ def test_reversal_plans_name_a_plan_files_plan(tmp_path):
     "reversal_plans names a plan file's plan by its name; generate takes no plan file (the run could not resolve it)."
     write_plan(tmp_path / "mine.yaml", ["first_actor"])
     sections = dict(plans=["PRE", "SFT", str(tmp_path / "mine.yaml")], reversal_plans=["PRE", "mine"])
-    assert sw.load_sweep(dict(SWEEP, graft_positions=sections))["graft_positions"]["reversal_plans"] == ["PRE", "mine"]
+    assert load_sweep(dict(SWEEP, graft_positions=sections))["graft_positions"]["reversal_plans"] == ["PRE", "mine"]
     sections["generate"] = [str(tmp_path / "mine.yaml")]
     assert "graft_positions.generate must be" in problems_of(dict(SWEEP, graft_positions=sections))
 
@@ -99,8 +102,8 @@ def test_plans_named_alone_must_run_on_each_dataset(tmp_path, caplog):
     "On custom facts (no movie title) the movie plans of a group are left out, and said so; named alone, an error."
     facts, templates = example_files()
     ceos = dict(ceos=dict(kind="custom", facts=str(facts), templates=str(templates)))
-    with caplog.at_level(logging.INFO, logger="dwg.pipeline.sweep"):
-        sw.load_sweep(dict(SWEEP, datasets=ceos, graft_positions=dict(plans="position")))
+    with caplog.at_level(logging.INFO, logger="dwg.pipeline.sweep_checks"):
+        load_sweep(dict(SWEEP, datasets=ceos, graft_positions=dict(plans="position")))
     assert "dataset 'ceos' has no position role(s) ['movie_title']; its runs leave out 4 plan(s)" in caplog.text
     msg = problems_of(dict(SWEEP, datasets=ceos, graft_positions=dict(plans=["PRE", "FE+M"])))
     assert "plan 'FE+M' grafts at position role(s) ['movie_title']" in msg
@@ -122,6 +125,17 @@ def test_a_group_none_of_whose_plans_can_run_is_an_error(monkeypatch):
     [
         ("train", dict(seed="1"), "train.seed must be an integer >= 0, got '1'"),
         ("train", dict(seed=-1), "train.seed must be an integer >= 0"),
+        (
+            "train",
+            dict(seed=0, seeds=[0, 1]),
+            "train: seed (0) and seeds ([0, 1]) are both given; seed: N is short for",
+        ),
+        ("train", dict(seeds=[0, 0]), "train.seeds must be a non-empty list of distinct integers >= 0"),
+        (
+            "train",
+            dict(seeds=2),
+            "train.seeds must be a non-empty list of distinct integers >= 0, e.g. [0, 1, 2], got 2",
+        ),
         ("figures", dict(k="5"), "figures.k must be an integer >= 1"),
         ("figures", dict(k=0), "figures.k must be an integer >= 1"),
         ("figures", dict(per_dataset="yes"), "figures.per_dataset must be true or false"),
@@ -148,7 +162,7 @@ def test_values_a_notebook_would_refuse(section, change, message):
 def test_localize_roles_follow_the_chosen_templates():
     "A role is fine where the chosen prompts carry it: movie_title with a template that names the movie."
     loc = dict(templates=["movie_statement"], roles=["first_actor", "movie_title", "last_token", "other"])
-    assert sw.load_sweep(dict(SWEEP, localize=loc))["localize"]["roles"] == loc["roles"]
+    assert load_sweep(dict(SWEEP, localize=loc))["localize"]["roles"] == loc["roles"]
 
 
 def test_dataset_seed_is_checked():

@@ -383,7 +383,7 @@ DEFINITIONS_DIFFER = {
 
 def _differ(model) -> list[str]:
     "The layer modules where the two definitions of grafting differ (`DEFINITIONS_DIFFER`): not compared."
-    return [p for p in architecture(model)["modules"] if p.rsplit(".", 1)[-1] in DEFINITIONS_DIFFER]
+    return [p for p in architecture(model).modules if p.rsplit(".", 1)[-1] in DEFINITIONS_DIFFER]
 
 
 def _short(name: str, prefix: str) -> str:
@@ -397,10 +397,10 @@ def checked_components(model) -> list:
     """What the coverage check grafts, one at a time: every layer module path, two experts per expert module, the
     ends, and all of them together (a list)."""
     arch, skip = architecture(model), _differ(model)
-    experts = [f"{p}.{e}" for p in arch["experts"] for e in sorted({0, arch["n_experts"] - 1})]
-    ends = [c for c in ("embed", "lm_head") if c in arch["globals"]]
+    experts = [f"{p}.{e}" for p in arch.experts for e in sorted({0, arch.n_experts - 1})]
+    ends = [c for c in ("embed", "lm_head") if c in arch.globals]
     together = [c for c in resolve_components(model, "all") if c not in skip]
-    return [*(p for p in arch["modules"] if p not in skip), *experts, *ends, together]
+    return [*(p for p in arch.modules if p not in skip), *experts, *ends, together]
 
 # %% ../../nbs/02c_coverage.ipynb #a544b9ed
 def _difference(model, donor, comp, ids: torch.Tensor, mask: torch.Tensor, exclude: set) -> tuple[float, float]:
@@ -453,9 +453,9 @@ def check_family(model_type: str, seq: int = 6, seed: int = 0) -> dict:
         max_dp=worst[0],
         max_dlogp=worst[1],
         worst=worst[2],
-        canonical=sorted(arch["names"]),
-        modules=len(arch["modules"]),
-        experts=arch["n_experts"] if arch["experts"] else 0,
+        canonical=sorted(arch.components),
+        modules=len(arch.modules),
+        experts=arch.n_experts if arch.experts else 0,
         uncovered=sorted({_short(n, layer_prefix(model)) for n in _uncovered(model)}),
         not_compared=skip,
         seconds=round(time.perf_counter() - t0, 2),

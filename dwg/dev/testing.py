@@ -12,6 +12,7 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from ..science.data import EVAL_TEMPLATES, FIELDS, SLOT_FIELDS, template_fields
 from ..science.plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
@@ -29,16 +30,17 @@ STANDIN_PARAMETERS = {
     "graft_positions": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
         'plans = "position"\nsplit = "all"\nbatch_size = 64\ngenerate = True\ngenerated = "base"\n'
-        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []'
+        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []\ntrain_seed = None'
     ),
     "graft_components": (
         'pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
         'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
-        'out_dir = ""\nseed = 0'
+        'out_dir = ""\nseed = 0\ntrain_seed = None'
     ),
     "graft_methods": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
-        'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0'
+        'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0\n'
+        "train_seed = None"
     ),
     "localize": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "paper"\nsplit = "relation"\n'
@@ -250,6 +252,31 @@ def synthetic_results(
                 rows.append(row)
     return pd.DataFrame(rows)
 
+# %% ../../nbs/09_testing.ipynb #c7a1e0e2
+_SYNTH_RAISE_ALL = ("LT", "not_FE", "M+LT")  # made-up plans that raise every trained name: their distractors rank high
+
+
+def _synthetic_roles(template: str) -> list[str]:
+    "The span roles a prompt of `template` names: its fields; a template dwg does not have names the movie too."
+    if template not in EVAL_TEMPLATES:
+        return ["first_actor", "movie_title"]
+    fields = template_fields(EVAL_TEMPLATES[template], template, FIELDS + SLOT_FIELDS)
+    return sorted(set(fields) - set(SLOT_FIELDS))
+
+
+def _synthetic_distractors(rng, rank: int, n: int, raise_all: bool) -> list[int]:
+    "Made-up distinct ranks of `n` distractors of a row whose target ranks `rank`: near the top if `raise_all`."
+    pool = np.arange(n + 3) if raise_all else np.arange(10, 5000)
+    return rng.choice(pool[pool != rank], n, replace=False).tolist()
+
+
+def _with_chance(df: pd.DataFrame, n_facts: int, seed: int) -> pd.DataFrame:
+    "`df` with made-up `prompt_roles` and, on its scored rows, `distractor_ranks` (drawn from a stream of their own)."
+    rng = np.random.default_rng([seed, 1])
+    draw = lambda r: _synthetic_distractors(rng, int(r.rank), n_facts - 1, r.plan in _SYNTH_RAISE_ALL)
+    ranks = [None if r.skipped else draw(r) for r in df.itertuples()]
+    return df.assign(prompt_roles=df.template.map(_synthetic_roles), distractor_ranks=ranks)
+
 # %% ../../nbs/09_testing.ipynb #663d512en6
 def synthetic_paper_results(
     n_facts: int = 12,
@@ -267,4 +294,4 @@ def synthetic_paper_results(
     comp = synthetic_results(
         components, n_facts, templates, model, dataset, "components", generate=False, seed=seed + 1
     )
-    return pd.concat([pos, comp], ignore_index=True)
+    return pd.concat([_with_chance(pos, n_facts, seed), _with_chance(comp, n_facts, seed + 1)], ignore_index=True)

@@ -5,6 +5,7 @@
 # %% ../../nbs/01a_arch.ipynb #79100561
 from __future__ import annotations
 import inspect
+from dataclasses import dataclass
 import re
 import weakref
 import torch
@@ -13,7 +14,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 # %% auto #0
 __all__ = ['PROJECTIONS', 'FUSED', 'PROBE', 'decoder_layers', 'n_experts', 'is_experts', 'layer_modules', 'unsupported_reason',
            'is_norm', 'blocks', 'norm_roles', 'canonical_names', 'part_rows', 'global_modules', 'position_axes',
-           'architecture']
+           'Architecture', 'architecture']
 
 # %% ../../nbs/01a_arch.ipynb #696a34db
 # not GPT-2's Conv1D: a linear layer
@@ -339,7 +340,45 @@ def position_axes(model, paths: dict[str, str]) -> dict[str, tuple]:
     return out
 
 # %% ../../nbs/01a_arch.ipynb #ar91
-def _discover(model) -> dict:
+@dataclass(frozen=True)
+class Architecture:
+    "What grafting needs to know of a model's layout, found from the model itself by `architecture`."
+
+    # the path of the decoder layers' ModuleList in the model ('model.layers') and their number
+    layers_path: str
+    n_layers: int
+    # canonical name (q, k, ln1, experts, ...) -> (module path in a layer, fused part of `FUSED` or None)
+    components: dict[str, tuple[str, tuple | None]]
+    # every per-position module path in a layer -> the layers that have it
+    modules: dict[str, list[int]]
+    # per-position modules outside the layers: embed, pos_embed, ln_final, lm_head or the path itself -> path
+    globals: dict[str, str]
+    # child names in a layer of its attention and MLP blocks, and `mid`: the norm on attention's output
+    blocks: dict[str, str]
+    # a global's name or a module path in a layer -> (axis of the positions in its input, in its output)
+    axes: dict[str, tuple]
+    # routed experts per MoE layer (None: no experts) and the paths in a layer of the modules holding them
+    n_experts: int | None
+    experts: tuple[str, ...]
+    # modules with weights that do not act per position (in a layer or in the model): never grafted
+    not_per_position: tuple[str, ...]
+
+    @property
+    def ln_final(self) -> str | None:
+        "The path of the norm after the decoder layers, or None."
+        return self.globals.get("ln_final")
+
+    @property
+    def pos_embed(self) -> str | None:
+        "The path of a learned position embedding, or None."
+        return self.globals.get("pos_embed")
+
+    def layer_path(self, layer: int, path: str = "") -> str:
+        "The model path of module `path` (relative to a decoder layer) in decoder layer `layer`, or of the layer."
+        return f"{self.layers_path}.{layer}.{path}" if path else f"{self.layers_path}.{layer}"
+
+# %% ../../nbs/01a_arch.ipynb #a7c1d0e4
+def _discover(model) -> Architecture:
     "What grafting needs to know of `model`, found from the model itself, or a clear error."
     if reason := unsupported_reason(model):
         raise ValueError(
@@ -352,37 +391,29 @@ def _discover(model) -> dict:
     glob = global_modules(model)
     axes = position_axes(model, {**glob, **{p: f"{layers_path}.{ls[0]}.{p}" for p, ls in modules.items()}})
     per_position = {p: ls for p, ls in modules.items() if axes[p][0] is not None}
-    names = {k: v for k, v in names.items() if v[0] in per_position}
     unused = [p for p in modules if axes[p][0] is None] + [p for k, p in glob.items() if axes[k][0] is None]
-    glob = {k: p for k, p in glob.items() if axes[k][0] is not None}
-    return dict(
-        layers=layers_path,
+    return Architecture(
+        layers_path=layers_path,
         n_layers=len(layers),
-        globals=glob,
+        components={k: v for k, v in names.items() if v[0] in per_position},
         modules=per_position,
-        names=names,
-        n_experts=n,
-        axes=axes,
+        globals={k: p for k, p in glob.items() if axes[k][0] is not None},
         blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
-        experts=[p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)],
-        not_per_position=unused,
+        axes=axes,
+        n_experts=n,
+        experts=tuple(p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)),
+        not_per_position=tuple(unused),
     )
 
 
 _ARCHS = weakref.WeakKeyDictionary()  # model -> (its config's identity and type, what `_discover` found)
 
 
-def architecture(model) -> dict:
-    """`model`'s decoder layers (`layers`), final norm, position embedding, canonical components (`layer`: name -> path
-    or (path, fused part)) and blocks, found from the model itself (cached per model, never on it); a clear error if
-    unsupported."""
+def architecture(model) -> Architecture:
+    """`model`'s `Architecture` (decoder layers, canonical components, per-position modules, blocks), found from the
+    model itself (cached per model, never on it); a clear error if unsupported."""
     key = (id(model.config), model.config.model_type)
     cached = _ARCHS.get(model)
     if cached is None or cached[0] != key:
-        found = _discover(model)
-        layer = {k: p if part is None else (p, part) for k, (p, part) in found["names"].items()}
-        found.update(
-            layer=layer, **{k: found["globals"][k] for k in ("ln_final", "pos_embed") if k in found["globals"]}
-        )
-        _ARCHS[model] = cached = (key, found)
+        _ARCHS[model] = cached = (key, _discover(model))
     return cached[1]

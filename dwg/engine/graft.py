@@ -12,6 +12,7 @@ import re
 import weakref
 import torch
 from dwg.engine.arch import (
+    Architecture,
     architecture,
     is_norm,
     part_rows,
@@ -111,10 +112,10 @@ def _get(root, path: str):
 _EXPERT = re.compile(r"(.+)\.(\d+)")  # 'mlp.experts.3': expert 3 of the expert module 'mlp.experts'
 
 
-def _whole_names(arch: dict, path: str) -> list[str]:
+def _whole_names(arch: Architecture, path: str) -> list[str]:
     "The names that graft a whole layer module: its canonical name, its fused parts' names, or its path."
-    names = [n for n, (p, part) in arch["names"].items() if p == path]
-    whole = [n for n in names if arch["names"][n][1] is None]
+    names = [n for n, (p, part) in arch.components.items() if p == path]
+    whole = [n for n in names if arch.components[n][1] is None]
     return whole[:1] or names or [path]
 
 
@@ -122,28 +123,28 @@ def graftable(model) -> dict[str, list]:
     """Every component name of `model` -> its module paths (one per layer that has it, or one global). Besides these,
     expert `E` of an expert module is the component `PATH.E` (e.g. `mlp.experts.3`)."""
     arch = architecture(model)
-    found = {name: [path] for name, path in arch["globals"].items()}
-    for path, layers in arch["modules"].items():
+    found = {name: [path] for name, path in arch.globals.items()}
+    for path, layers in arch.modules.items():
         for name in _whole_names(arch, path):
-            found[name] = [f"{arch['layers']}.{i}.{path}" for i in layers]
+            found[name] = [arch.layer_path(i, path) for i in layers]
     return found
 
 
-def _in_group(model, arch: dict, path: str, group: str) -> bool:
+def _in_group(model, arch: Architecture, path: str, group: str) -> bool:
     "Whether the layer module `path` belongs to `group` (attn, ffn, norms)."
-    layer = _get(model, f"{arch['layers']}.{arch['modules'][path][0]}.{path}")
+    layer = _get(model, arch.layer_path(arch.modules[path][0], path))
     if group == "norms":
         return is_norm(layer)
-    child = arch["blocks"].get("attn" if group == "attn" else "mlp")
+    child = arch.blocks.get("attn" if group == "attn" else "mlp")
     in_block = child is not None and path.startswith(child + ".")
-    mlp_name = any(arch["names"].get(n, ("",))[0] == path for n in ("gate", "up", "down", "router", "experts"))
+    mlp_name = any(arch.components.get(n, ("",))[0] == path for n in ("gate", "up", "down", "router", "experts"))
     return not is_norm(layer) and (in_block or group == "ffn" and mlp_name)
 
 
-def _group(model, arch: dict, group: str) -> list[str]:
+def _group(model, arch: Architecture, group: str) -> list[str]:
     "The component names of a group, or of 'all' (every module, each once)."
-    out = [] if group in ("attn", "ffn") else [g for g in arch["globals"] if group == "all" or g == "ln_final"]
-    for path in arch["modules"]:
+    out = [] if group in ("attn", "ffn") else [g for g in arch.globals if group == "all" or g == "ln_final"]
+    for path in arch.modules:
         if group == "all" or _in_group(model, arch, path, group):
             out += _whole_names(arch, path)
     return out
@@ -165,12 +166,7 @@ def resolve_components(model, components) -> list[str]:
     for c in names:
         if c == "all" or c in GROUPS:
             out += _group(model, arch, c)
-        elif (
-            c in have
-            or c in arch["modules"]
-            or (m := _EXPERT.fullmatch(c))
-            and _is_expert_module(arch, m[1], int(m[2]))
-        ):
+        elif c in have or c in arch.modules or (m := _EXPERT.fullmatch(c)) and _is_expert_module(arch, m[1], int(m[2])):
             out.append(c)
         elif c in GLOBAL_COMPONENTS or c in LAYER_COMPONENTS:
             raise ValueError(
@@ -185,14 +181,9 @@ def resolve_components(model, components) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _is_expert_module(arch: dict, path: str, e: int) -> bool:
+def _is_expert_module(arch: Architecture, path: str, e: int) -> bool:
     "Whether `path` is an expert module with an expert `e`."
-    return (
-        path in arch["modules"]
-        and arch["n_experts"] is not None
-        and path in arch.get("experts", ())
-        and 0 <= e < arch["n_experts"]
-    )
+    return path in arch.modules and arch.n_experts is not None and path in arch.experts and 0 <= e < arch.n_experts
 
 # %% ../../nbs/02_graft.ipynb #8a46a9b7
 _SAME_MODEL_FIX = "Fix: graft between checkpoints of the same model (e.g. a base and its fine-tune)."
@@ -574,12 +565,12 @@ def _exit_pass(model):
         del _PASSES[model]
 
 # %% ../../nbs/02_graft.ipynb #5731c76a
-def _where(arch: dict, name: str) -> tuple[str, object]:
+def _where(arch: Architecture, name: str) -> tuple[str, object]:
     "(layer module path, part) of a layer component: None, a fused part (layout, i), or ('experts', indices or None)."
-    if (m := _EXPERT.fullmatch(name)) and name not in arch["modules"]:
+    if (m := _EXPERT.fullmatch(name)) and name not in arch.modules:
         return m[1], ("experts", torch.tensor([int(m[2])]))
-    path, part = arch["names"].get(name, (name, None))
-    return path, ("experts", None) if path in arch["experts"] else part
+    path, part = arch.components.get(name, (name, None))
+    return path, ("experts", None) if path in arch.experts else part
 
 
 class Target(NamedTuple):
@@ -594,18 +585,18 @@ class Target(NamedTuple):
 def _targets(recipient, donor, layers, components) -> list[Target]:
     "The `Target` of every module that grafting `layers` x `components` changes."
     arch = architecture(recipient)
-    idx = resolve_layers(layers, arch["n_layers"])  # discovered once per model, not scanned per graft
+    idx = resolve_layers(layers, arch.n_layers)  # discovered once per model, not scanned per graft
     out = []
     for name in resolve_components(recipient, components):
-        if name in arch["globals"]:
-            path = arch["globals"][name]
-            out.append(Target(_get(recipient, path), _get(donor, path), None, arch["axes"][name]))
+        if name in arch.globals:
+            path = arch.globals[name]
+            out.append(Target(_get(recipient, path), _get(donor, path), None, arch.axes[name]))
             continue
         path, part = _where(arch, name)
-        for i in (i for i in idx if i in arch["modules"][path]):
-            r, d = _get(recipient, f"{arch['layers']}.{i}.{path}"), _get(donor, f"{arch['layers']}.{i}.{path}")
+        for i in (i for i in idx if i in arch.modules[path]):
+            r, d = _get(recipient, arch.layer_path(i, path)), _get(donor, arch.layer_path(i, path))
             rows = part if part is None or part[0] == "experts" else part_rows(recipient, r, part)
-            out.append(Target(r, d, rows, arch["axes"][path]))
+            out.append(Target(r, d, rows, arch.axes[path]))
     return out
 
 # %% ../../nbs/02_graft.ipynb #316c2963

@@ -12,7 +12,7 @@ from torch.func import functional_call, jvp
 from .arch import is_norm
 from .hooks import Hooks
 from .graft import GLOBAL_COMPONENTS, check_compatible, graftable, resolve_components, resolve_layers
-from .arch import architecture
+from .arch import Architecture, architecture
 from .lora import DonorView, LoraModule, as_donor
 from .prompts import batches, prepare
 
@@ -100,7 +100,7 @@ class Grid:
 
     def __init__(self, model, roles=SPECIAL_ROLES, layers="all", components=DEFAULT_COMPONENTS):
         self.roles = check_roles(roles)
-        self.layers = resolve_layers(layers, architecture(model)["n_layers"])
+        self.layers = resolve_layers(layers, architecture(model).n_layers)
         self.components = _component_cells(model, components)
         _check_modules(model, self.components)
         self.cells = [
@@ -161,24 +161,23 @@ def _kind(module, out_axis) -> str:
     return "weights" if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" else "outputs"
 
 
-def _rel_path(arch: dict, name: str) -> str:
+def _rel_path(arch: Architecture, name: str) -> str:
     "The path of component `name`'s module inside a layer (a fused part: its whole module), or the global's name."
-    rel = arch["layer"].get(name, name)
-    return rel[0] if isinstance(rel, tuple) else rel
+    return arch.components.get(name, (name, None))[0]
 
 
-def _axes(arch: dict, name: str) -> tuple:
+def _axes(arch: Architecture, name: str) -> tuple:
     """The (input, output) position axes of component `name`'s module: 1 for (batch, seq, ...), 2 for (batch, heads,
     seq, ...), 0 for tokens flattened."""
-    return arch["axes"].get(_rel_path(arch, name), (1, 1))
+    return arch.axes.get(_rel_path(arch, name), (1, 1))
 
 
-def _path(arch: dict, name: str, layer: int | None) -> str | None:
+def _path(arch: Architecture, name: str, layer: int | None) -> str | None:
     "The module path of component `name` in `layer` (None: a global component), or None if that layer has none (MoE)."
     if layer is None:
-        return arch["globals"][name]
+        return arch.globals[name]
     rel = _rel_path(arch, name)
-    return f"{arch['layers']}.{layer}.{rel}" if layer in arch["modules"][rel] else None
+    return arch.layer_path(layer, rel) if layer in arch.modules[rel] else None
 
 # %% ../../nbs/03a_interpolate.ipynb #03596f2a
 @dataclass

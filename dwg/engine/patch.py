@@ -30,9 +30,9 @@ def _parallel(model) -> bool:
 
 def model_sites(model) -> list[str]:
     "The sites this model's family has (`gate` only where the MLP is gated, `resid_mid` only without parallel blocks)."
-    layer = architecture(model)["layer"]
+    components = architecture(model).components
     always = ("resid_pre", "resid_post", *_BLOCK_SITES, *(() if _parallel(model) else ("resid_mid",)))
-    return [s for s in SITES if s in always or s in layer]
+    return [s for s in SITES if s in always or s in components]
 
 
 def resolve_sites(model, sites) -> list[str]:
@@ -60,15 +60,14 @@ def resolve_sites(model, sites) -> list[str]:
 def _site_module(model, site: str, layer: int) -> tuple:
     "(module, output columns or None): where `site` of `layer` is read in a donor and written in a recipient."
     arch = architecture(model)
-    block = model.get_submodule(f"{arch['layers']}.{layer}")
+    block = model.get_submodule(arch.layer_path(layer))
     if site in ("resid_pre", "resid_post"):
         return block, None
     if site == "resid_mid":  # the module whose output the layer adds to its input: the attention block, or its norm
-        return block.get_submodule(arch["blocks"].get("mid", arch["blocks"]["attn"])), None
+        return block.get_submodule(arch.blocks.get("mid", arch.blocks["attn"])), None
     if site in _BLOCK_SITES:
-        return block.get_submodule(arch["blocks"][_BLOCK_SITES[site]]), None
-    spec = arch["layer"][site]
-    path, part = (spec, None) if isinstance(spec, str) else spec
+        return block.get_submodule(arch.blocks[_BLOCK_SITES[site]]), None
+    path, part = arch.components[site]
     module = block.get_submodule(path)
     return module, None if part is None else part_rows(model, module, part)
 
@@ -158,7 +157,7 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
     run = runs.setdefault((id(donor), _inputs_key(args, kwargs)), dict(acts={}, sites=set(), cache=None))
     if missing := sites - run["sites"]:
         missing |= set(runs.get("sites", {}).get(id(donor), ())) - run["sites"]
-        n = architecture(donor)["n_layers"]
+        n = architecture(donor).n_layers
         acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
         run["acts"].update(acts)
         run["sites"] |= missing
@@ -261,7 +260,7 @@ def patch(
         )
     check_compatible(recipient, donor)
     mask = as_mask(mask)
-    idx = resolve_layers(layers, architecture(recipient)["n_layers"])
+    idx = resolve_layers(layers, architecture(recipient).n_layers)
     keys = [(s, i) for s in resolve_sites(recipient, sites) for i in idx]
     state = {}
     donor_targets = {k: _site_module(donor, *k) for k in keys}

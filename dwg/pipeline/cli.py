@@ -13,20 +13,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from dwg.pipeline.sweep import (
-    SweepError,
-    expand,
-    graph_runs,
-    load_sweep,
-    make_graph,
-    run_state,
-    save_graph,
-    sweep_name,
-    sweep_profiles,
-)
+from .sweep_file import SweepError, sweep_name, sweep_profiles
+from .sweep_checks import load_sweep
+from .sweep import expand, graph_runs, make_graph, save_graph
+from .run_dirs import run_state
 from .locks import RunBusy, SweepBusy, sweep_lock
 from .space import NoSpace, check_space, estimate_runs
-from .execute import interrupt_on_sigterm, log_to_stderr, remove_runs, run_from_graph, runs_to_redo
+from .execute import interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_redo
+from .log import log_to_stderr
 from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm

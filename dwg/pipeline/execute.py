@@ -10,29 +10,20 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from ..runs import atomic_write, is_finished, read_json, PROGRESS_FILE_VAR
 from .locks import run_lock
 from .space import space_shortfall
-from dwg.pipeline.sweep import (
-    STAGES,
-    Run,
-    Stage,
-    SweepError,
-    graph_runs,
-    is_done,
-    read_graph,
-    resolve_params,
-    run_paths,
-)
+from .sweep_file import STAGES, Stage, SweepError
+from .sweep import Run, graph_runs, read_graph
+from .run_dirs import RunPaths, is_done, resolve_params, run_paths
 
 logger = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'RESERVE', 'KERNEL_START_TIMEOUT', 'interrupt_on_sigterm', 'failure_reason', 'run_failure', 'run_one',
-           'run_from_graph', 'runs_to_redo', 'remove_runs', 'log_to_stderr']
+           'run_from_graph', 'runs_to_redo', 'remove_runs']
 
 # %% ../../nbs/05f_execute.ipynb #1475b500
 def interrupt_on_sigterm(signum, frame):
@@ -40,21 +31,21 @@ def interrupt_on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _prepare_tmp(p: dict, stage: Stage) -> int:
+def _prepare_tmp(p: RunPaths, stage: Stage) -> int:
     "Make a clean `.tmp` (or keep a resumable one); returns the attempt number."
-    tmp = p["tmp"]
-    if p["final"].exists():  # only a finished run is ever renamed to final; anything else there is not ours
-        aside = p["final"].with_name(f"{p['final'].name}.incomplete-{int(time.time())}")
-        logger.warning(f"{p['final']} exists without a run record; moved it to {aside}")
-        os.replace(p["final"], aside)
+    tmp = p.tmp
+    if p.final.exists():  # only a finished run is ever renamed to final; anything else there is not ours
+        aside = p.final.with_name(f"{p.final.name}.incomplete-{int(time.time())}")
+        logger.warning(f"{p.final} exists without a run record; moved it to {aside}")
+        os.replace(p.final, aside)
     attempt = 1
     if tmp.exists():
         info = tmp / "sweep_run.json"
         attempt = (read_json(info).get("attempt", 0) + 1) if info.is_file() else 2
         if stage.resumable:
             (tmp / "FAILED").unlink(missing_ok=True)
-            if p["notebook"].exists():
-                os.replace(p["notebook"], tmp / f"notebook.attempt-{attempt - 1}.ipynb")
+            if p.notebook.exists():
+                os.replace(p.notebook, tmp / f"notebook.attempt-{attempt - 1}.ipynb")
         else:
             shutil.rmtree(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -91,7 +82,7 @@ def failure_reason(e: BaseException) -> str:
 
 def run_failure(runs_dir, run) -> str | None:
     "Why a failed or interrupted run stopped, as its FAILED record says; None without a record."
-    failed = run_paths(runs_dir, run)["tmp"] / "FAILED"
+    failed = run_paths(runs_dir, run).tmp / "FAILED"
     if not failed.is_file():
         return None
     try:
@@ -137,17 +128,17 @@ def _run_info(run: Run, params: dict, attempt: int) -> dict:
     )
 
 # %% ../../nbs/05f_execute.ipynb #9c507789
-def _execute(graph: dict, run: Run, p: dict, params: dict, progress: bool) -> str | None:
+def _execute(graph: dict, run: Run, p: RunPaths, params: dict, progress: bool) -> str | None:
     "Run the notebook with papermill; None when it finished, else 'failed' or 'interrupted' (recorded in FAILED)."
     import papermill as pm  # heavy (nbconvert, jupyter): imported only when a run executes
 
     notebook = Path(graph["notebooks"]) / f"{STAGES[run.stage].notebook}.ipynb"
     old = signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     try:  # the experiment runs as in production (not as a test) and reports its progress to a file in its run
-        with _environ("IN_TEST", None), _environ(PROGRESS_FILE_VAR, str(p["progress"])):
+        with _environ("IN_TEST", None), _environ(PROGRESS_FILE_VAR, str(p.progress)):
             pm.execute_notebook(
                 str(notebook),
-                str(p["notebook"]),
+                str(p.notebook),
                 parameters=params,
                 cwd=graph["notebooks"],
                 kernel_name="python3",
@@ -156,43 +147,43 @@ def _execute(graph: dict, run: Run, p: dict, params: dict, progress: bool) -> st
                 start_timeout=KERNEL_START_TIMEOUT,
             )
     except KeyboardInterrupt as e:  # a signal: an interruption
-        _fail(p["tmp"], "interrupted", f"interrupted ({e or 'SIGINT'})")
+        _fail(p.tmp, "interrupted", f"interrupted ({e or 'SIGINT'})")
         return "interrupted"
     except Exception as e:  # an exception: a failure
         if getattr(e, "ename", "") == "KeyboardInterrupt":  # the kernel got the Ctrl-C
-            _fail(p["tmp"], "interrupted", "interrupted (SIGINT in the kernel)")
+            _fail(p.tmp, "interrupted", "interrupted (SIGINT in the kernel)")
             return "interrupted"
-        _fail(p["tmp"], "error", failure_reason(e))
+        _fail(p.tmp, "error", failure_reason(e))
         return "failed"
     finally:
         signal.signal(signal.SIGTERM, old)
     return None
 
 # %% ../../nbs/05f_execute.ipynb #3822df64
-def _attempt(graph: dict, run: Run, p: dict, progress: bool) -> str:
+def _attempt(graph: dict, run: Run, p: RunPaths, progress: bool) -> str:
     "Check the free space, prepare the run's `.tmp`, execute its notebook, publish it: 'done', 'failed', 'interrupted'."
     if short := space_shortfall(graph, run):
-        p["tmp"].mkdir(parents=True, exist_ok=True)
-        _fail(p["tmp"], "error", short)
+        p.tmp.mkdir(parents=True, exist_ok=True)
+        _fail(p.tmp, "error", short)
         return "failed"
     attempt = _prepare_tmp(p, STAGES[run.stage])
-    _reserve(p["tmp"])
-    params = {**resolve_params(run, graph["runs_dir"]), "out_dir": str(p["tmp_out"])}
+    _reserve(p.tmp)
+    params = {**resolve_params(run, graph["runs_dir"]), "out_dir": str(p.tmp_out)}
     info = _run_info(run, params, attempt)
-    atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
-    p["progress"].unlink(missing_ok=True)  # a retried run starts without its last attempt's progress
+    atomic_write(p.tmp / "sweep_run.json", json.dumps(info, indent=1))
+    p.progress.unlink(missing_ok=True)  # a retried run starts without its last attempt's progress
     if failed := _execute(graph, run, p, params, progress):
         return failed
-    if not is_finished(p["tmp_out"]):
-        _fail(p["tmp"], "error", f"the notebook finished without writing {p['tmp_out'] / 'run.json'}")
+    if not is_finished(p.tmp_out):
+        _fail(p.tmp, "error", f"the notebook finished without writing {p.tmp_out / 'run.json'}")
         return "failed"
     info.update(finished=time.time(), wall_seconds=round(time.time() - info["started"], 2))
-    atomic_write(p["tmp"] / "sweep_run.json", json.dumps(info, indent=1))
-    for f in (p["progress"], p["tmp"] / RESERVE):
+    atomic_write(p.tmp / "sweep_run.json", json.dumps(info, indent=1))
+    for f in (p.progress, p.tmp / RESERVE):
         f.unlink(missing_ok=True)
     # the run is done: a plain rename, atomic on one file system. Not dwg.runs.publish_dir: the final directory
     # does not exist here (_prepare_tmp moved anything there aside), and a run must never replace a finished one
-    os.rename(p["tmp"], p["final"])
+    os.rename(p.tmp, p.final)
     return "done"
 
 # %% ../../nbs/05f_execute.ipynb #0a7cc387
@@ -200,7 +191,7 @@ def run_one(graph: dict, run: Run, progress: bool = False) -> str:
     "Execute `run` of `graph` (skip it if done); its final state: 'done', 'skipped', 'failed' or 'interrupted'."
     runs_dir = Path(graph["runs_dir"])
     p = run_paths(runs_dir, run)
-    with run_lock(p["lock"]):
+    with run_lock(p.lock):
         if is_done(runs_dir, run):
             return "skipped"
         inputs = [dict(zip(("stage", "id"), k.split("/"))) for k in run.inputs]
@@ -209,7 +200,7 @@ def run_one(graph: dict, run: Run, progress: bool = False) -> str:
         try:
             return _attempt(graph, run, p, progress)
         except Exception as e:  # around the notebook (a full disk, a missing file): recorded like a notebook's error
-            _fail(p["tmp"], "error", failure_reason(e))
+            _fail(p.tmp, "error", failure_reason(e))
             return "failed"
 
 
@@ -243,29 +234,7 @@ def remove_runs(runs_dir, runs: list[Run]) -> None:
     "Remove the final directories of `runs` (under each run's lock), so that they run again."
     for r in runs:
         p = run_paths(runs_dir, r)
-        with run_lock(p["lock"]):
-            gone = p["final"].with_name(f".{r.id}.removed-{os.getpid()}")
-            os.replace(p["final"], gone)  # the run is no longer done at once; then its files go
+        with run_lock(p.lock):
+            gone = p.final.with_name(f".{r.id}.removed-{os.getpid()}")
+            os.replace(p.final, gone)  # the run is no longer done at once; then its files go
             shutil.rmtree(gone)
-
-# %% ../../nbs/05f_execute.ipynb #63bc3eb2
-_HANDLER_NAME = "dwg-stderr"  # found by name, not class: a notebook that defines the class again adds no second one
-
-
-class _Stderr(logging.StreamHandler):
-    "A handler writing to `sys.stderr` as it is when a message comes."
-
-    def emit(self, record):
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-def log_to_stderr() -> None:
-    "Show dwg's messages (INFO and above) on stderr as `dwg: message`; calling it again adds nothing."
-    log = logging.getLogger("dwg")
-    if not any(h.get_name() == _HANDLER_NAME for h in log.handlers):
-        handler = _Stderr()
-        handler.set_name(_HANDLER_NAME)
-        handler.setFormatter(logging.Formatter("dwg: %(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)

@@ -15,9 +15,12 @@ import time
 import traceback
 from pathlib import Path
 from tqdm import tqdm
-from .sweep import STAGE_ORDER, graph_runs, is_done, run_paths, run_state, save_graph
+from .sweep_file import STAGE_ORDER
+from .sweep import graph_runs, save_graph
+from .run_dirs import is_done, run_paths, run_state
 from .locks import process_alive, process_start
-from .execute import interrupt_on_sigterm, log_to_stderr, run_failure, run_from_graph
+from .execute import interrupt_on_sigterm, run_failure, run_from_graph
+from .log import log_to_stderr
 from .status import ProgressNote, running_text
 
 # %% auto #0
@@ -206,9 +209,7 @@ def _report(runs_dir, r, state: str):
         )
     elif state != "done":
         p, why = run_paths(runs_dir, r), run_failure(runs_dir, r) or "no reason recorded"
-        tqdm.write(
-            f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p['notebook']} and {p['log']}"
-        )
+        tqdm.write(f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p.notebook} and {p.log}")
 
 # %% ../../nbs/05b_local.ipynb #31719db2
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:
@@ -238,7 +239,7 @@ def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None
             while ready and len(running) < max(1, jobs):
                 r = ready.pop(0)
                 todo.remove(r)
-                running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r)["log"], jobs), time.time())
+                running[r.key] = (r, _Child(graph_path, r.key, run_paths(runs_dir, r).log, jobs), time.time())
             now = running_text(runs_dir, [r for r, _, _ in running.values()])
             note.show(f"running {now}" if now else "")
             if not running and todo and not ready:

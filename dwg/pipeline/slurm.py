@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from tqdm import tqdm
 from ..runs import atomic_write, read_json
-from .sweep import SECTIONS, STAGE_ORDER, SweepError, graph_runs, is_done, read_graph, run_state, save_graph
+from .sweep_file import SECTIONS, STAGE_ORDER, SweepError
+from .sweep import graph_runs, read_graph, save_graph
+from .run_dirs import is_done, run_state
 from .status import ProgressNote, running_text, status
 
 # %% auto #0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from .sweep import GRAFT_SECTIONS, Run, graph_runs
+from .sweep_file import GRAFT_SECTIONS
+from .sweep import Run, graph_runs
 
 # %% auto #0
 __all__ = ['ROW_BYTES', 'RUN_BYTES', 'MODEL_FILES_BYTES', 'MODEL_PARAMS', 'NoSpace', 'fmt_bytes', 'free_space', 'model_sizes',

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 from ..runs import check_outputs, read_progress
-from .sweep import Run, graph_runs, read_graph, run_paths, run_state
+from .sweep import Run, graph_runs, read_graph
+from .run_dirs import run_paths, run_state
 from .execute import run_failure
 
 # %% auto #0
@@ -17,7 +18,7 @@ __all__ = ['progress_line', 'status', 'format_status', 'running_text', 'Progress
 # %% ../../nbs/05g_status.ipynb #f32e3782
 def progress_line(runs_dir, run) -> str | None:
     "The last progress line a running run's notebook reported, or None."
-    return read_progress(run_paths(runs_dir, run)["progress"])
+    return read_progress(run_paths(runs_dir, run).progress)
 
 
 _NO_RECORD = (
@@ -33,10 +34,10 @@ def _status_item(runs_dir, r: Run, cancelled: dict, logs: dict) -> dict:
         st = "cancelled"
     item = dict(key=r.key, label=r.label, state=st)
     if st in ("failed", "interrupted"):
-        log = logs[r.key] if r.key in logs and not p["log"].exists() else p["log"]
-        item.update(notebook=str(p["notebook"]), log=str(log), error=run_failure(runs_dir, r) or _NO_RECORD)
+        log = logs[r.key] if r.key in logs and not p.log.exists() else p.log
+        item.update(notebook=str(p.notebook), log=str(log), error=run_failure(runs_dir, r) or _NO_RECORD)
     if st == "corrupt":
-        item["error"] = check_outputs(p["out"])[0]
+        item["error"] = check_outputs(p.out)[0]
     if st == "cancelled":
         item["reason"] = cancelled[r.key]
     if st == "running":

@@ -30,7 +30,8 @@ from ..engine.prompts import batches, encode, last_logits, prepare, rank_and_pro
 
 # %% auto #0
 __all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'first_grafted_layer', 'grafted', 'patched_sites',
-           'head_signature', 'plan_forward', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples']
+           'head_signature', 'plan_forward', 'distractor_ids', 'ranks_of', 'distractor_ranks', 'score_plan',
+           'evaluate_plans', 'summarize', 'select_examples']
 
 # %% ../../nbs/03_evaluate.ipynb #94c03e0f
 def length_order(tokenizer, examples: list[dict]) -> list[int]:
@@ -89,7 +90,7 @@ def _bind(plan, models: dict) -> tuple:
 
 def _rule_layers(rule, base, seed: int = 0) -> list[int]:
     "The layers a rule changes in `base` (its layer spec, less the layers its dropout leaves out)."
-    layers = resolve_layers(rule.layers, architecture(base)["n_layers"])
+    layers = resolve_layers(rule.layers, architecture(base).n_layers)
     return kept_layers(layers, rule.layer_dropout, rule.dropout_strategy, seed)
 
 
@@ -98,7 +99,7 @@ def first_grafted_layer(plan, models: dict, seed: int = 0) -> int:
     base, donors = _bind(plan, models)
     if not plan.rules or any(d is base for d in donors):
         return 0
-    embeddings = {"embed", "pos_embed"} | {architecture(base)["globals"].get(n) for n in ("embed", "pos_embed")}
+    embeddings = {"embed", "pos_embed"} | {architecture(base).globals.get(n) for n in ("embed", "pos_embed")}
     if any(r.method != "patch" and embeddings & set(resolve_components(base, r.components)) for r in plan.rules):
         return 0
     return min(min(_rule_layers(r, base, seed), default=0) for r in plan.rules)
@@ -209,9 +210,54 @@ def _example_row(plan, ex: dict, target_id: int, tokenizer, skip_reason: str | N
         target=ex["target"],
         target_id=target_id,
         target_token=tokenizer.decode([target_id]),
+        prompt_roles=sorted(ex.get("spans", {})),
         skipped=skip_reason is not None,
         skip_reason=skip_reason,
     )
+
+# %% ../../nbs/03_evaluate.ipynb #c7a1e0d2
+def _distractor_sets(examples: list[dict], first_ids: list[int]) -> list[list[int]]:
+    """For each example, the sorted distinct `first_ids` of the examples with its template and direction but another
+    fact, less its own first id; [] without a `fact_id` or `template`."""
+    key = lambda e: (e.get("template"), e.get("direction", "A2B"))
+    asked = lambda e: e.get("fact_id") is not None and e.get("template") is not None
+    facts_of = {}  # (template, direction) -> first token id -> the facts whose answers start with it
+    for e, first in zip(examples, first_ids):
+        if asked(e):
+            facts_of.setdefault(key(e), {}).setdefault(first, set()).add(e["fact_id"])
+    others = lambda e, first: sorted(
+        t for t, facts in facts_of[key(e)].items() if t != first and facts - {e["fact_id"]}
+    )
+    return [others(e, first) if asked(e) else [] for e, first in zip(examples, first_ids)]
+
+
+def distractor_ids(examples: list[dict], tokenizer) -> list[list[int]]:
+    "Each example's distractors: the first token ids of the other facts' answers to its template and direction."
+    first_ids = [target_token_ids(tokenizer, e["prompt"], e["target"])[0] for e in examples]
+    return _distractor_sets(examples, first_ids)
+
+# %% ../../nbs/03_evaluate.ipynb #c7a1e0d6
+def ranks_of(probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    "The rank of each token of `ids` (batch, n) in its row of `probs` (batch, vocab), as `rank_and_prob` ranks."
+    p = probs.gather(1, ids)
+    edges, order = p.nan_to_num(float("inf")).sort(-1)
+    # each token's bucket: how many of the edges it is at least as probable as (a NaN token: all of them)
+    bucket = torch.searchsorted(edges, probs, right=True)
+    per_bucket = torch.zeros(p.shape[0], p.shape[1] + 1, dtype=torch.long, device=p.device)
+    per_bucket.scatter_add_(1, bucket, torch.ones_like(bucket))
+    ahead = per_bucket.flip(-1).cumsum(-1).flip(-1)[:, 1:]  # tokens at least as probable as each edge
+    ranks = torch.empty_like(ahead).scatter_(1, order, ahead) - 1
+    return ranks.masked_fill(p.isnan(), probs.shape[-1] - 1)
+
+
+def distractor_ranks(logits: torch.Tensor, distractors: list[list[int]]) -> list[list[int]]:
+    "Each row's rank of each of its `distractors` (token ids) under `logits` (batch, vocab); [] for a row with none."
+    width = max(map(len, distractors), default=0)
+    if not width:
+        return [[] for _ in distractors]
+    ids = torch.tensor([d + [0] * (width - len(d)) for d in distractors], device=logits.device)  # padded with 0
+    ranks = ranks_of(logits.softmax(-1), ids)
+    return [r[: len(d)].tolist() for r, d in zip(ranks, distractors)]
 
 # %% ../../nbs/03_evaluate.ipynb #4b7ba09b
 @torch.no_grad()
@@ -228,8 +274,10 @@ def score_plan(
     runs: dict | None = None,
     replay_layers: bool = True,
     shared_head: bool = False,
+    distractors: list[list[int]] | None = None,
 ) -> list[dict]:
     """One result row per prepared example under `plan`: target rank/prob, top tokens, optional whole-name generation
+    and the ranks of each example's `distractors` (default: those among the prepared examples, `distractor_ids`)
     (`replay_layers`: the layers below the plan's first from `prefix`, when not generating; `shared_head`: see
     `plan_forward`)."""
     plan = get_plan(plan)
@@ -242,6 +290,9 @@ def score_plan(
     ranks, probs = rank_and_prob(logits, tids)
     logprobs = logits.log_softmax(-1).gather(1, tids[:, None])[:, 0]  # exact where the probability underflows
     top = logits.softmax(-1).topk(n_top)
+    if distractors is None:
+        distractors = _distractor_sets(prep["examples"], tids.tolist())
+    others_ranks = distractor_ranks(logits, distractors)
     lengths = [len(t) for t in prep["targets"]]
     gen = _generate(plan, models, prep["batch"], masks, logits, cache, lengths, generated, seed) if generate else None
     rows = [_example_row(plan, ex, int(tids[i]), tokenizer, skipped.get(i)) for i, ex in enumerate(prep["examples"])]
@@ -254,6 +305,7 @@ def score_plan(
             logprob=float(logprobs[i]),
             top_tokens=tokenizer.convert_ids_to_tokens(top.indices[i].tolist()),
             top_probs=[round(float(p), 6) for p in top.values[i]],
+            distractor_ranks=others_ranks[i],
         )
         if gen is not None:
             want = prep["targets"][i]
@@ -300,6 +352,7 @@ def evaluate_plans(
     by_length: bool = True,
     generate=False,
     share_heads: bool = True,
+    chance: bool = True,
     **kw,
 ) -> list[dict]:
     """Result rows for every plan x example: each chunk is tokenized once and scored under every plan, sharing prefixes
@@ -308,12 +361,15 @@ def evaluate_plans(
     `by_length`: chunks of like prompt lengths (less padding). Rows come in plan-major, example order either way.
     `generate`: True (every plan), False, or the names of the plans that also decode the whole name.
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
-    without a role its plan names is a skipped row."""
+    without a role its plan names is a skipped row. A scored row ranks its example's distractors (`distractor_ids`,
+    among all the `examples`; `chance=False`: none, e.g. where only the target counts)."""
     plans = get_plans(plans)
     sites = patched_sites(plans, models, kw.get("seed", 0))  # fails before any work on a missing model or a bad spec
     check_plan_roles(plans, example_roles(examples) if roles is None else roles)  # ... or a position role none has
     device, rows = next(iter(models.values())).device, {p.name: [None] * len(examples) for p in plans}
     order = length_order(tokenizer, examples) if by_length else list(range(len(examples)))
+    # over all the examples, not a chunk's
+    distractors = distractor_ids(examples, tokenizer) if chance else [[] for _ in examples]
     generating = lambda p: generate if isinstance(generate, bool) else p.name in generate
     first_layer = lambda p: (
         first_grafted_layer(p, models, kw.get("seed", 0))  # where its replay starts (0: none)
@@ -324,12 +380,22 @@ def evaluate_plans(
     bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}  # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
+        chunk_distractors = [distractors[i] for i in idx]
         prefixes = _chunk_prefixes(plans, models, prep, checked, first_layer) if share_prefix else {}
         donor_runs = {"sites": sites}  # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
         for p, head in _prefix_order(plans, prep, share_heads, first_layer):
             prefix, gen = prefixes.get(p.base), generating(p)
             scored = score_plan(
-                p, models, tokenizer, prep, prefix=prefix, runs=donor_runs, generate=gen, shared_head=head, **kw
+                p,
+                models,
+                tokenizer,
+                prep,
+                prefix=prefix,
+                runs=donor_runs,
+                generate=gen,
+                shared_head=head,
+                distractors=chunk_distractors,
+                **kw,
             )
             for i, row in zip(idx, scored):
                 rows[p.name][i] = row

@@ -15,13 +15,15 @@ from ..runs import atomic_write, file_problem
 
 # %% auto #0
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
-           'DEPTH_GROUPS', 'DEPTH_POSITIONS', 'QUARTERS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES',
-           'DEPTH_FAMILIES', 'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'position_names',
-           'check_positions', 'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan',
-           'kept_layers', 'position_plans', 'reverse_plans', 'component_plans', 'hybrid_plans', 'depth_plans',
-           'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups',
-           'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'plan_data', 'save_plan',
-           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'spell_out', 'among', 'resolve_plans']
+           'GLOBAL_PARTS', 'DEPTH_GROUPS', 'DEPTH_POSITIONS', 'QUARTERS', 'NECESSITY_POSITIONS', 'COMPARED_METHODS',
+           'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan',
+           'resolve_positions', 'position_names', 'check_positions', 'example_roles', 'unknown_roles',
+           'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers', 'position_plans', 'reverse_plans',
+           'necessity_plans', 'component_layers', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
+           'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
+           'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'plan_data', 'save_plan',
+           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'spell_out', 'among', 'resolve_plans',
+           'ties_head']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -235,8 +237,16 @@ COMPONENT_SETS = {
     "v": ["v"],
     "q+k": ["q", "k"],
     "v+o": ["v", "o"],
+    # and the modules after the last layer: the final norm (in the `norms` group, with each layer's norms), the head
+    "attn+ffn+norms": ["attn", "ffn", "norms"],
+    "head": ["lm_head"],
+    "attn+ffn+head": ["attn", "ffn", "lm_head"],
+    "attn+ffn+norms+head": ["attn", "ffn", "norms", "lm_head"],
 }
 COMPONENT_LAYERS = ["all", "last_half"]
+# the components and groups that graft a module outside the decoder layers (those of
+# dwg.engine.graft.GLOBAL_COMPONENTS, `norms`: the final norm, `all`): no layer group restricts those
+GLOBAL_PARTS = ("all", "norms", "embed", "pos_embed", "ln_final", "lm_head")
 DEPTH_GROUPS = {
     "attn": "graft-attn",
     "ffn": "graft-ffn",
@@ -265,7 +275,25 @@ def reverse_plans() -> list[PaperPlan]:
         for name, (pos, _) in POSITION_SETS.items()
     ]
 
+
+NECESSITY_POSITIONS = ("FE", "LT", "FE+LT", "(FE+LT)^C")
+
+
+def necessity_plans() -> list[PaperPlan]:
+    "Which positions the fine-tune needs: the pretrained model grafted into it at FE, LT, FE+LT, (FE+LT)^C (`reverse`)."
+    return [p for p in reverse_plans() if p.position in NECESSITY_POSITIONS]
+
 # %% ../../nbs/02a_plans.ipynb #d21b4dc0
+def component_layers(components: list) -> list[str]:
+    "The layer groups figure 3 grafts a component set over: `all` alone for a set holding a global module (head, norm)."
+    return ["all"] if set(components) & set(GLOBAL_PARTS) else COMPONENT_LAYERS
+
+
+def _component_cells() -> list[tuple[str, list, str]]:
+    "(set name, its components, layer group) of each cell of figure 3, in its order."
+    return [(c, comps, lg) for c, comps in COMPONENT_SETS.items() for lg in component_layers(comps)]
+
+
 def _component_references() -> list[PaperPlan]:
     "The task and relation models alone: the reference lines of figure 3."
     return [
@@ -294,14 +322,25 @@ def component_plans() -> list[PaperPlan]:
             component_set=c,
             layer_group=lg,
         )
-        for c, comps in COMPONENT_SETS.items()
-        for lg in COMPONENT_LAYERS
+        for c, comps, lg in _component_cells()
     ]
+
+# %% ../../nbs/02a_plans.ipynb #5e2b8d47
+def _hybrid_floor() -> PaperPlan:
+    "`hybrid:FE`: the relation model at FE alone (all components), nothing at LT: the floor of the hybrid plans."
+    return PaperPlan(
+        "hybrid:FE",
+        "task",
+        [Rule("relation", ["first_actor"])],
+        position="FE",
+        variant="hybrid",
+        label="FE (all)",
+    )
 
 
 def hybrid_plans() -> list[PaperPlan]:
     "Figure 3's hybrid panel: the relation model at FE (all components) plus a component set at the last token."
-    return _component_references() + [
+    return [*_component_references(), _hybrid_floor()] + [
         PaperPlan(
             f"hybrid:LT:{c}@{lg}",
             "task",
@@ -312,8 +351,7 @@ def hybrid_plans() -> list[PaperPlan]:
             layer_group=lg,
             variant="hybrid",
         )
-        for c, comps in COMPONENT_SETS.items()
-        for lg in COMPONENT_LAYERS
+        for c, comps, lg in _component_cells()
     ]
 
 
@@ -388,6 +426,7 @@ def parse_method_plan(name: str) -> GraftPlan | None:
 FAMILIES = {
     "position": position_plans,
     "reverse": reverse_plans,
+    "necessity": necessity_plans,
     "components": component_plans,
     "hybrid": hybrid_plans,
     "methods": method_plans,
@@ -592,3 +631,9 @@ def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> lis
     if twice := sorted(n for n, k in Counter(map(_plan_name, plans)).items() if k > 1):
         raise ValueError(f"{where}: plan name(s) {twice} appear more than once: give every plan its own name.")
     return plans
+
+# %% ../../nbs/02a_plans.ipynb #d5a7e3c1
+def ties_head(model) -> bool:
+    "Whether `model`'s output head and its input embeddings are one tensor (a tied head, as in SmolLM2)."
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embed is not None and head.weight is embed.weight

@@ -33,8 +33,11 @@ def plan_infos(plans) -> dict[str, GraftPlan | None]:
 
 
 def component_label(components: str) -> str:
-    "A readable component set: `o+ffn` -> `O+FFN`."
-    return "+".join({"attn": "attn", "ffn": "FFN"}.get(c, c.upper()) for c in components.split("+"))
+    "A readable component set: `o+ffn` -> `O+FFN`, `attn+ffn+head` -> `attn+FFN+head`."
+    return "+".join(
+        {"attn": "attn", "ffn": "FFN", "norms": "norms", "head": "head"}.get(c, c.upper())
+        for c in components.split("+")
+    )
 
 
 def layer_label(group: str) -> str:
@@ -169,8 +172,8 @@ def short_label(name, width: int = 40) -> str:
 
 
 def summary_table(acc: pd.DataFrame, plans=None, digits: int = 2) -> pd.DataFrame:
-    """Wide table: a row per model, dataset, plan (and run_id, template where present), a column per metric as `acc [lo, hi]`,
-    plus facts."""
+    """Wide table: a row per model, dataset, plan (and run_id, template where present), a column per metric as
+    `acc [lo, hi]`, plus facts."""
     a = acc if plans is None else acc[acc.plan.isin(plans)]
     keys = [c for c in ["model", "dataset", "run_id", "template"] if c in a]
     if "run_id" in keys and a.groupby(["model", "dataset"], dropna=False)["run_id"].nunique().max() <= 1:

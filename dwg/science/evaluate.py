@@ -339,6 +339,28 @@ def _chunk_prefixes(plans: list, models: dict, prep: dict, checked: dict, first_
             prefix.layer_outputs()
     return prefixes
 
+# %% ../../nbs/03_evaluate.ipynb #7fb27b941602401d91542211134fc71a
+def _score_chunk(plans, models, tokenizer, prep, prefixes, first_layer, generating, chunk: dict, kw: dict):
+    """(plan, rows) for each plan on one tokenized chunk, in prefix order; `chunk`: the patched `sites`, the chunk's
+    `distractors` and `share_heads`."""
+    donor_runs = {"sites": chunk["sites"]}  # patching plans: each donor runs once on this chunk (dwg.engine.patch)
+    for p, head in _prefix_order(plans, prep, chunk["share_heads"], first_layer):
+        yield (
+            p,
+            score_plan(
+                p,
+                models,
+                tokenizer,
+                prep,
+                prefix=prefixes.get(p.base),
+                runs=donor_runs,
+                generate=generating(p),
+                shared_head=head,
+                distractors=chunk["distractors"],
+                **kw,
+            ),
+        )
+
 # %% ../../nbs/03_evaluate.ipynb #a96ff959
 def evaluate_plans(
     plans: list,
@@ -380,23 +402,9 @@ def evaluate_plans(
     bar, checked = tqdm(total=total, desc="grafting", disable=not progress, unit="ex"), {}  # checked: see SharedPrefix
     for idx in batches(order, batch_size):
         prep = prepare(tokenizer, [examples[i] for i in idx], device)
-        chunk_distractors = [distractors[i] for i in idx]
         prefixes = _chunk_prefixes(plans, models, prep, checked, first_layer) if share_prefix else {}
-        donor_runs = {"sites": sites}  # patching plans: each donor runs once on this chunk (dwg.engine.patch's `runs`)
-        for p, head in _prefix_order(plans, prep, share_heads, first_layer):
-            prefix, gen = prefixes.get(p.base), generating(p)
-            scored = score_plan(
-                p,
-                models,
-                tokenizer,
-                prep,
-                prefix=prefix,
-                runs=donor_runs,
-                generate=gen,
-                shared_head=head,
-                distractors=chunk_distractors,
-                **kw,
-            )
+        chunk = dict(sites=sites, distractors=[distractors[i] for i in idx], share_heads=share_heads)
+        for p, scored in _score_chunk(plans, models, tokenizer, prep, prefixes, first_layer, generating, chunk, kw):
             for i, row in zip(idx, scored):
                 rows[p.name][i] = row
             bar.update(len(idx))

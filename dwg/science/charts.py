@@ -345,7 +345,7 @@ def component_chart(
     variants = [v for v in VARIANT_LABELS.values() if v in set(acc.variant)]
     acc, panels = _panels(acc, metrics, templates)
     param = _template_param(acc) if templates == "select" else None
-    x = alt.X("label:N", sort=labels, title="grafted components", axis=alt.Axis(labelAngle=0))
+    x = alt.X("label:N", sort=labels, title="grafted components", axis=alt.Axis(labelAngle=-35))
     xo = alt.XOffset("layers:N", sort=layers)
     palette = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
     color = alt.Color(

@@ -12,16 +12,17 @@ import platform
 import shutil
 import subprocess
 import time
+import yaml
 from contextlib import contextmanager
 from pathlib import Path
 import dwg
 
 # %% auto #0
 __all__ = ['PROGRESS_FILE_VAR', 'M_TRIM_THRESHOLD', 'M_MMAP_MAX', 'RECORD', 'NOT_OUTPUTS', 'CPU_FLAGS', 'TRAIN_SUMMARY',
-           'file_problem', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json', 'report_progress',
-           'read_progress', 'reusing_freed_memory', 'git_commit', 'file_digest', 'output_digests', 'machine',
-           'write_run_record', 'is_finished', 'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models',
-           'training_row', 'training_table']
+           'file_problem', 'read_yaml_mapping', 'atomic_write', 'publish_dir', 'write_jsonl', 'read_jsonl', 'read_json',
+           'report_progress', 'read_progress', 'reusing_freed_memory', 'git_commit', 'file_digest', 'output_digests',
+           'machine', 'write_run_record', 'is_finished', 'check_outputs', 'run_integrity', 'has_train_summary',
+           'trained_models', 'training_row', 'training_table']
 
 # %% ../nbs/08_runs.ipynb #7fe5692e
 def file_problem(path, what: str) -> str | None:
@@ -30,6 +31,20 @@ def file_problem(path, what: str) -> str | None:
     if p.is_dir():
         return f"{what} '{p}' is a directory; give the file itself."
     return None if p.is_file() else f"{what} '{p}' does not exist."
+
+
+def read_yaml_mapping(path, what: str, holds: str = "a mapping at the top level") -> dict:
+    "The mapping in a YAML (or JSON) file, or a ValueError naming the file (`what`: 'Plan file') and what is wrong."
+    p = Path(path)
+    if why := file_problem(p, what):
+        raise ValueError(why)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{what} '{p}' is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} '{p}' must hold {holds}.")
+    return data
 
 
 def atomic_write(path, text: str | bytes) -> Path:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-import yaml
 import dwg
 from ..science import plans as plans_mod
-from ..runs import file_problem
+from ..runs import read_yaml_mapping
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATION_TRAINING', 'SECTIONS', 'TOP_KEYS',
@@ -133,14 +132,10 @@ def read_sweep(sweep) -> tuple[dict, str]:
                 f"Unknown sweep profile '{sweep}'. Profiles: {', '.join(sweep_profiles())}; or a YAML file."
             )
         p = sweeps_dir() / f"{sweep}.yaml"
-    if why := file_problem(p, "Sweep file"):
-        raise SweepError(why)
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise SweepError(f"Sweep file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise SweepError(f"Sweep file '{p}' must hold a mapping at the top level.")
+        raw = read_yaml_mapping(p, "Sweep file")
+    except ValueError as e:
+        raise SweepError(str(e)) from None
     return {"name": p.stem, **raw}, str(p)
 
 

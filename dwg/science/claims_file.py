@@ -4,10 +4,9 @@
 
 # %% ../../nbs/06b_claims_file.ipynb #755bc835
 from __future__ import annotations
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-import yaml
+from ..runs import file_digest, read_yaml_mapping
 from .data import ASSETS
 
 # %% auto #0
@@ -165,9 +164,9 @@ def load_claims(path=None) -> list[Claim]:
     path = Path(path or CLAIMS_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"No claims file at {path}: pass the path of one (the packaged one is {CLAIMS_FILE}).")
-    return parse_claims(yaml.safe_load(path.read_text()), str(path))
+    return parse_claims(read_yaml_mapping(path, "Claims file"), str(path))
 
 
 def claims_file_sha256(path=None) -> str:
     "The sha256 (hex) of a claims file's bytes (default: the packaged one)."
-    return hashlib.sha256(Path(path or CLAIMS_FILE).read_bytes()).hexdigest()
+    return file_digest(path or CLAIMS_FILE)["sha256"]

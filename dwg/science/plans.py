@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 import re
 from dataclasses import asdict, dataclass, field
-from ..runs import atomic_write, file_problem
+from ..runs import atomic_write, read_yaml_mapping
 
 # %% auto #0
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
@@ -511,16 +511,7 @@ def save_plan(plan: GraftPlan, path) -> Path:
 
 def load_plan_file(path) -> GraftPlan:
     "The plan in a YAML/JSON plan file, or a clear error."
-    p = Path(path)
-    if why := file_problem(p, "Plan file"):
-        raise ValueError(why)
-    try:
-        d = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"Plan file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"Plan file '{p}' must hold one plan (a mapping with name, base, rules).")
-    return GraftPlan.from_dict(d)
+    return GraftPlan.from_dict(read_yaml_mapping(path, "Plan file", "one plan (a mapping with name, base, rules)"))
 
 # %% ../../nbs/02a_plans.ipynb #42c981fb
 def get_plan(plan) -> GraftPlan:

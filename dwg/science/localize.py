@@ -288,7 +288,8 @@ def _sets_rows(ex: Exact, sets: list, names: list[str]) -> dict[str, torch.Tenso
     "Per-example log-probabilities of several cell sets, scored in one `evaluate_plans` call."
     plans = [cells_plan(ex.grid, s, n, "recipient", "donor") for s, n in zip(sets, names)]
     ex.evaluations += len(plans)
-    rows = evaluate_plans(plans, ex.models, ex.tok, ex.examples, ex.batch_size, progress=False)
+    # only the log-probabilities count here: no distractor ranks (chance)
+    rows = evaluate_plans(plans, ex.models, ex.tok, ex.examples, ex.batch_size, progress=False, chance=False)
     out = defaultdict(list)
     for r in rows:
         out[r["plan"]].append(r["logprob"])

@@ -26,8 +26,8 @@ Commands:
   help | --help  this text
 
 Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
-  --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), seeds, breadth, custom,
-                   localize, lora, paper (docs/how-to/sweeps.md)
+  --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), seeds, regime,
+                   regime_small, breadth, custom, localize, lora, paper (docs/how-to/sweeps.md)
   --sweep FILE     a sweep YAML file instead of a packaged profile
   --runs DIR       where runs are written (default ./runs/<profile>)
   -j, --jobs N     local: run N runs at once (default: the sweep file's jobs:, else 1)

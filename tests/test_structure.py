@@ -26,6 +26,8 @@ WINGS = {
         ["recovery_charts"],
         ["claims_file"],
         ["claims", "report"],
+        ["regimes"],
+        ["regime_charts"],
     ],
     "pipeline": [
         ["config", "batches", "speed", "locks", "log"],

@@ -449,6 +449,47 @@ def test_status_shows_every_sweep_under_runs(tmp_path):
 
 
 # --- local runs with stand-in notebooks ---------------------------------------------------------------------------
+def test_regimes_run_locally_with_their_own_figures(tmp_path):
+    """`train.regimes`: each regime trains its own models (one on d2 only, with two seeds), every grafting run stamps
+    its regime, each regime gets its figures run and one `regimes` run reads every grafting run."""
+    regimes = {"base": {}, "long": {"overrides": {"epochs": 2}, "datasets": ["d2"], "seeds": [0, 1]}}
+    nbs, sweep = standin_setup(tmp_path, train={**STANDIN_SWEEP["train"], "regimes": regimes})
+    rd = tmp_path / "runs"
+    r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "-j", "2", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = states(rd)
+    assert {i["state"] for i in st.values()} == {"done"}
+    graph = sw.graph_runs(sw.read_graph(rd))
+    grafts = [g for g in graph if g.stage == "graft_positions"]
+    assert sorted((g.params["train_regime"], g.params["train_seed"]) for g in grafts) == [
+        ("base", 0),
+        ("base", 0),
+        ("long", 0),
+        ("long", 1),
+    ]
+    assert sorted(g.label for g in graph if g.stage == "figures") == ["standin:base", "standin:long"]
+    (regimes_run,) = [g for g in graph if g.stage == "regimes"]
+    found = json.loads((rd / regimes_run.key / "tables.json").read_text())["results"]
+    assert len(found) == len([g for g in graph if g.stage.startswith("graft_")])
+
+
+@pytest.mark.parametrize(
+    "regimes, message",
+    [
+        ({"x": {"overrides": {"learning_rat": 1e-4}}}, "train.regimes.x: Unknown training setting(s) 'learning_rat'"),
+        ({"x": {"datasets": ["nope"]}}, "train.regimes.x.datasets must be a non-empty list of the sweep's datasets"),
+        ({"x": {"seeds": []}}, "train.regimes.x.seeds must be a non-empty list"),
+        ({"bad name": {}}, "a regime name must be letters, digits"),
+    ],
+)
+def test_regime_errors(regimes, message):
+    d = raw()
+    d["train"]["regimes"] = regimes
+    with pytest.raises(SweepError) as e:
+        load_sweep(d)
+    assert message in str(e.value), str(e.value)
+
+
 def test_local_run_then_rerun_skips(tmp_path):
     """A local sweep finishes every run (executed notebooks kept), its log telling the running runs' progress; a rerun
     skips them all and rewrites nothing."""

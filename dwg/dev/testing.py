@@ -16,8 +16,8 @@ from ..science.data import EVAL_TEMPLATES, FIELDS, SLOT_FIELDS, template_fields
 from ..science.plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
-__all__ = ['STANDIN_PARAMETERS', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
-           'synthetic_paper_results']
+__all__ = ['STANDIN_PARAMETERS', 'SYNTHETIC_REGIMES', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
+           'synthetic_paper_results', 'synthetic_regime_results']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
 # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -30,17 +30,18 @@ STANDIN_PARAMETERS = {
     "graft_positions": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
         'plans = "position"\nsplit = "all"\nbatch_size = 64\ngenerate = True\ngenerated = "base"\n'
-        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []\ntrain_seed = None'
+        'max_examples = 0\nout_dir = ""\nseed = 0\nreversal_plans = []\ntrain_seed = None\n'
+        "train_regime = None"
     ),
     "graft_components": (
         'pretrained = "tiny-llama"\ntask = ""\nrelation = ""\ndataset_dir = ""\ntemplates = "all"\n'
         'plans = "components"\nsplit = "relation"\nbatch_size = 64\nmax_examples = 0\n'
-        'out_dir = ""\nseed = 0\ntrain_seed = None'
+        'out_dir = ""\nseed = 0\ntrain_seed = None\ntrain_regime = None'
     ),
     "graft_methods": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "all"\n'
         'plans = "methods"\nsplit = "all"\nbatch_size = 64\nmax_examples = 0\nout_dir = ""\nseed = 0\n'
-        "train_seed = None"
+        "train_seed = None\ntrain_regime = None"
     ),
     "localize": (
         'pretrained = "tiny-llama"\nfinetuned = ""\ndataset_dir = ""\ntemplates = "paper"\nsplit = "relation"\n'
@@ -48,6 +49,7 @@ STANDIN_PARAMETERS = {
         'max_fraction = 0.05\nbatch_size = 32\nmax_examples = 0\nbench_repeat = 0\nout_dir = ""\nseed = 0'
     ),
     "figures": 'runs_dir = ""\ninclude = "all"\nk = 5\nout_dir = ""',
+    "regimes": 'runs_dir = ""\ninclude = "all"\nk = 5\nregimes = {}\nout_dir = ""',
 }
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0x1
@@ -130,6 +132,7 @@ for p in sorted(Path(runs_dir).glob("graft_*/*/results.jsonl")):
 (out / "tables.json").write_text(json.dumps(dict(k=k, results=found)))
 finish(results=len(found))""",
 }
+_STANDIN_BODY["regimes"] = _STANDIN_BODY["figures"]  # it reads the same grafting runs
 
 # %% ../../nbs/09_testing.ipynb #80fcf8d0
 def _cell(i: int, kind: str, source: str, tags=()) -> dict:
@@ -295,3 +298,30 @@ def synthetic_paper_results(
         components, n_facts, templates, model, dataset, "components", generate=False, seed=seed + 1
     )
     return pd.concat([_with_chance(pos, n_facts, seed), _with_chance(comp, n_facts, seed + 1)], ignore_index=True)
+
+# %% ../../nbs/09_testing.ipynb #a7e90002
+SYNTHETIC_REGIMES = {
+    "fast": {"learning_rate": 3e-4, "epochs": 3},
+    "mid": {"learning_rate": 1e-4, "epochs": 5},
+    "gentle": {"learning_rate": 1e-5, "epochs": 3},
+    "frozen": {"learning_rate": 3e-4, "epochs": 3, "freeze_embeddings": True, "freeze_unembeddings": True},
+}
+
+
+def _regime_cell(regime: str, n_facts: int, seed: int, largest: bool) -> pd.DataFrame:
+    "One cell's made-up rows; in the `gentle` regime SFT misses every answer of the largest dataset, FE the others'."
+    d = synthetic_paper_results(n_facts=n_facts, seed=seed).assign(train_regime=regime, dataset=f"demo-{n_facts}")
+    if regime != "gentle":
+        return d
+    missed = "SFT" if largest else "FE"
+    return d.assign(rank=d["rank"].where(d["plan"] != missed, d["rank"] + 1000))
+
+
+def synthetic_regime_results(seed: int = 0, fact_counts=(8, 16)) -> pd.DataFrame:
+    "Made-up results of every regime of `SYNTHETIC_REGIMES` on datasets of `fact_counts` facts (cell `i`: seed + i)."
+    if not fact_counts or len(set(fact_counts)) < len(fact_counts):
+        raise ValueError(f"fact_counts={fact_counts!r}: give one or more distinct dataset sizes, e.g. (8, 16).")
+    cells = [(regime, n) for regime in SYNTHETIC_REGIMES for n in fact_counts]
+    return pd.concat(
+        [_regime_cell(r, n, seed + i, n == max(fact_counts)) for i, (r, n) in enumerate(cells)], ignore_index=True
+    )

@@ -25,8 +25,8 @@ from dwg.pipeline.sweep_file import (
 from .sweep_checks import load_sweep
 
 # %% auto #0
-__all__ = ['Run', 'run_id', 'expand', 'default_notebooks_dir', 'notebook_parameters', 'papermill_parameters', 'check_notebooks',
-           'make_graph', 'graph_runs', 'save_graph', 'read_graph']
+__all__ = ['Run', 'run_id', 'Training', 'trainings', 'regime_settings', 'expand', 'default_notebooks_dir', 'notebook_parameters',
+           'papermill_parameters', 'check_notebooks', 'make_graph', 'graph_runs', 'save_graph', 'read_graph']
 
 # %% ../../nbs/05_sweep.ipynb #af05fa15
 @dataclass
@@ -84,13 +84,33 @@ def _check_trained(need: dict, trained: list):
         )
 
 # %% ../../nbs/05_sweep.ipynb #a1da17c9
-def _seed_label(label: str, seed: int, seeds: list) -> str:
-    "A run's label, naming its training seed when the sweep trains with several."
-    return f"{label}:seed{seed}" if len(seeds) > 1 else label
+@dataclass(frozen=True)
+class Training:
+    "One way a sweep trains a dataset's pairs: the regime (None: the sweep has none) and the seed, and its overrides."
+
+    regime: str | None
+    seed: int
+    overrides: dict | None = field(default=None, compare=False, hash=False)
+
+    def label(self, label: str, t: dict) -> str:
+        "A run's `label` naming the regime (if any) and the seed (when the regime trains with several)."
+        seeds = t["regimes"][self.regime]["seeds"] if self.regime else t["seeds"]
+        return label + (f":{self.regime}" if self.regime else "") + (f":seed{self.seed}" if len(seeds) > 1 else "")
 
 
-def _model_run(t: dict, m: str, d: str, ds_run: Run, split: str, seed: int, extra) -> Run:
-    "The training run of model `m` on the `split` facts of dataset `d` (run `ds_run`) with the training seed `seed`."
+def trainings(t: dict, dataset: str) -> list[Training]:
+    "Every regime and seed the train section `t` trains the pairs of `dataset` with."
+    regimes = t["regimes"] or {None: dict(datasets=[dataset], seeds=t["seeds"])}
+    return [
+        Training(name, seed, training_overrides(t, dataset, name))
+        for name, r in regimes.items()
+        if dataset in r["datasets"]
+        for seed in r["seeds"]
+    ]
+
+
+def _model_run(t: dict, m: str, d: str, ds_run: Run, split: str, tr: Training, extra) -> Run:
+    "The training run of model `m` on the `split` facts of dataset `d` (run `ds_run`) in the training `tr`."
     role = {"all": "sft", "task": "task", "relation": "relation"}[split]
     p = dict(
         model=m,
@@ -98,14 +118,14 @@ def _model_run(t: dict, m: str, d: str, ds_run: Run, split: str, seed: int, extr
         direction=t["direction"],
         split=RELATION_TRAINING[t["relation_model"]].get(split, split),  # the facts each model role learns
         config=t["config"],
-        overrides=training_overrides(t, d),
-        seed=seed,
+        overrides=tr.overrides,
+        seed=tr.seed,
     )
-    return _make("models", _seed_label(f"{m}:{d}:{role}", seed, t["seeds"]), p, [ds_run.key], extra)
+    return _make("models", tr.label(f"{m}:{d}:{role}", t), p, [ds_run.key], extra)
 
 
 def _model_runs(s: dict, ds: dict) -> dict:
-    "(model, dataset, split, seed) -> the training run, for every model a grafting section needs and every seed."
+    "(model, dataset, split, regime, seed) -> the training run, for every model a grafting section needs."
     names, t = list(s["datasets"]), s["train"]
     need = _needed_models(s, names)
     if not t:
@@ -113,38 +133,41 @@ def _model_runs(s: dict, ds: dict) -> dict:
     _check_trained(need, resolve_pairs(t["pairs"], s["models"], names, "train.pairs"))
     from dwg.pipeline.config import profile_content  # transformers: loaded only when a sweep is expanded
 
-    extras = {(m, d): profile_content(t["config"], training_overrides(t, d)) for m, d in need}
-    return {
-        (m, d, split, seed): _model_run(t, m, d, ds[d], split, seed, extras[(m, d)])
-        for seed in t["seeds"]
-        for (m, d), splits in need.items()
-        for split in dict.fromkeys(splits)
-    }
+    runs = {}
+    for (m, d), splits in need.items():
+        for tr in trainings(t, d):
+            extra = profile_content(t["config"], tr.overrides)
+            for split in dict.fromkeys(splits):
+                runs[(m, d, split, tr.regime, tr.seed)] = _model_run(t, m, d, ds[d], split, tr, extra)
+    return runs
 
 # %% ../../nbs/05_sweep.ipynb #73d3b7a4
-def _graft_run(s: dict, sec: str, m: str, d: str, ds_run: Run, models: dict, seed: int) -> Run:
-    "The run of section `sec` on model `m` and dataset `d` (run `ds_run`), grafting the models trained with `seed`."
+def _graft_run(s: dict, sec: str, m: str, d: str, ds_run: Run, models: dict, tr: Training) -> Run:
+    "The run of section `sec` on model `m` and dataset `d` (run `ds_run`), grafting the models of the training `tr`."
     opts = {k: v for k, v in s[sec].items() if k != "pairs"}
+    model = lambda split: models[(m, d, split, tr.regime, tr.seed)]
     if sec != "graft_components":  # with split: relation, the SFT model is the relation model
-        ins = [models[(m, d, opts["split"], seed)]]
+        ins = [model(opts["split"])]
         p = dict(pretrained=m, finetuned=f"@{ins[0].key}", dataset_dir=f"@{ds_run.key}", **opts)
     else:
-        ins = [models[(m, d, "task", seed)], models[(m, d, "relation", seed)]]
+        ins = [model("task"), model("relation")]
         p = dict(pretrained=m, task=f"@{ins[0].key}", relation=f"@{ins[1].key}", dataset_dir=f"@{ds_run.key}", **opts)
-    run = _make(sec, _seed_label(f"{m}:{d}", seed, s["train"]["seeds"]), p, [ds_run.key] + [r.key for r in ins])
+    if tr.regime and sec in GRAFT_SECTIONS:  # in the id: a sweep without regimes grafting the same models names none
+        p["train_regime"] = tr.regime
+    run = _make(sec, tr.label(f"{m}:{d}", s["train"]), p, [ds_run.key] + [r.key for r in ins])
     if sec in GRAFT_SECTIONS:  # stamped on its rows; not in its id, which holds its models' ids, and so the seed
-        run.params["train_seed"] = seed
+        run.params["train_seed"] = tr.seed
     return run
 
 
 def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
-    "One run per grafting section, training seed and (model, dataset) pair."
+    "One run per grafting section, (model, dataset) pair and training (regime and seed)."
     return [
-        _graft_run(s, sec, m, d, ds[d], models, seed)
+        _graft_run(s, sec, m, d, ds[d], models, tr)
         for sec in MODEL_SECTIONS
         if s[sec]
-        for seed in s["train"]["seeds"]
         for m, d in resolve_pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs")
+        for tr in trainings(s["train"], d)
     ]
 
 
@@ -159,25 +182,56 @@ def _dataset_run(name: str, d: dict) -> Run:
     r.params.update({k: d[k] for k in ("facts", "templates") if d[k]})
     return r
 
+# %% ../../nbs/05_sweep.ipynb #e5d2b7a9
+def _figures_run(f: dict, label: str, keys: list, k) -> Run:
+    "A figures run over the grafting runs `keys`, at top-`k`, with the figures section `f`'s other options."
+    opts = {name: v for name, v in f.items() if name not in ("per_dataset", "k_by_dataset")}
+    return _make("figures", label, dict(runs_dir="@runs", include=keys, **{**opts, "k": k}), keys)
+
+
+def _regime_groups(s: dict, drawn: list[Run]) -> dict:
+    "The grafting runs each figures run reads: all of them (None), or each regime's own."
+    regimes = (s["train"] or {}).get("regimes")
+    if not regimes:
+        return {None: drawn}
+    groups = {r: [g for g in drawn if g.params.get("train_regime") == r] for r in regimes}
+    return {r: runs for r, runs in groups.items() if runs}
+
+
+def regime_settings(t: dict) -> dict:
+    "Each regime's value of every training setting some regime changes: name -> {setting: value}."
+    from dwg.pipeline.config import resolve_config  # transformers: loaded when a sweep is expanded anyway
+
+    changed = list(dict.fromkeys(k for r in t["regimes"].values() for k in r["overrides"]))
+    resolved = {name: resolve_config(t["config"], training_overrides(t, None, name)) for name in t["regimes"]}
+    return {name: {k: getattr(cfg, k) for k in changed} for name, cfg in resolved.items()}
+
+
+def _figures_runs(s: dict, ds: dict, grafts: list[Run]) -> list[Run]:
+    "Figures runs: over every grafting run (or each regime's), per dataset too; with regimes, the `regimes` run."
+    f, drawn = s["figures"], [g for g in grafts if g.stage in GRAFT_SECTIONS]
+    if not f or not drawn:
+        return []
+    runs = []
+    for regime, mine in _regime_groups(s, drawn).items():
+        name = s["name"] + (f":{regime}" if regime else "")
+        runs.append(_figures_run(f, name, [g.key for g in mine], f["k"]))
+        for d in s["datasets"] if f["per_dataset"] else []:  # one more figures run per dataset, with its own k
+            if keys := [g.key for g in mine if g.params["dataset_dir"] == f"@{ds[d].key}"]:
+                runs.append(_figures_run(f, f"{name}:{d}", keys, (f["k_by_dataset"] or {}).get(d, f["k"])))
+    if (s["train"] or {}).get("regimes"):
+        keys, settings = [g.key for g in drawn], regime_settings(s["train"])
+        runs.append(_make("regimes", s["name"], dict(runs_dir="@runs", include=keys, k=f["k"], regimes=settings), keys))
+    return runs
+
 
 def expand(sweep) -> list[Run]:
-    "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures."
+    "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures, regimes."
     s = sweep if "source" in sweep else load_sweep(sweep)
     ds = {name: _dataset_run(name, d) for name, d in s["datasets"].items()}
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
-    figs, f = [], s["figures"]
-    if f and (drawn := [g for g in grafts if g.stage in GRAFT_SECTIONS]):
-        keys, opts = [g.key for g in drawn], {k: v for k, v in f.items() if k not in ("per_dataset", "k_by_dataset")}
-        figs.append(_make("figures", s["name"], dict(runs_dir="@runs", include=keys, **opts), keys))
-        for d in s["datasets"] if f["per_dataset"] else []:  # one more figures run per dataset, with its own k
-            mine = [g.key for g in drawn if g.params["dataset_dir"] == f"@{ds[d].key}"]
-            k = (f["k_by_dataset"] or {}).get(d, f["k"])
-            if mine:
-                figs.append(
-                    _make("figures", f"{s['name']}:{d}", dict(runs_dir="@runs", include=mine, **{**opts, "k": k}), mine)
-                )
-    runs = [*ds.values(), *models.values(), *grafts, *figs]
+    runs = [*ds.values(), *models.values(), *grafts, *_figures_runs(s, ds, grafts)]
     return list({r.key: r for r in runs}.values())  # identical runs (same id) collapse into one
 
 # %% ../../nbs/05_sweep.ipynb #8d023989

@@ -5,6 +5,7 @@
 # %% ../../nbs/04g_sweep_checks.ipynb #b3f7d4c4
 from __future__ import annotations
 import logging
+import re
 import string
 from pathlib import Path
 from ..science import plans as plans_mod
@@ -30,7 +31,7 @@ from dwg.pipeline.sweep_file import (
 logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'load_sweep']
+__all__ = ['logger', 'REGIME_KEYS', 'REGIME_NAME', 'load_sweep']
 
 # %% ../../nbs/04g_sweep_checks.ipynb #5049faec
 def _check_models(models, problems):
@@ -243,6 +244,15 @@ def _check_plans(sec: dict, stage: str, datasets: dict, base: Path, problems: li
         problems += _role_problems(graft, alone, name, _dataset_roles(spec), where)
 
 # %% ../../nbs/04g_sweep_checks.ipynb #6d3fb3ae
+def _seed_list(seeds, where: str, problems: list) -> list[int] | None:
+    "`seeds` if it is a non-empty list of distinct integers >= 0, else None with its problem noted."
+    integers = isinstance(seeds, list) and not any(_not_integer(s, 0) for s in seeds)
+    if not integers or not seeds or len(set(seeds)) < len(seeds):
+        problems.append(f"{where} must be a non-empty list of distinct integers >= 0, e.g. [0, 1, 2], got {seeds!r}.")
+        return None
+    return seeds
+
+
 def _check_seeds(train: dict, problems: list) -> list[int]:
     "The training seeds of a train section (its problems noted; [0] where they are wrong)."
     seed, seeds = train["seed"], train["seeds"]
@@ -258,13 +268,46 @@ def _check_seeds(train: dict, problems: list) -> list[int]:
             problems.append(f"train.seed must be an integer >= 0, got {seed!r}.")
             return [0]
         return [seed]
-    integers = isinstance(seeds, list) and not any(_not_integer(s, 0) for s in seeds)
-    if not integers or not seeds or len(set(seeds)) < len(seeds):
+    return _seed_list(seeds, "train.seeds", problems) or [0]
+
+# %% ../../nbs/04g_sweep_checks.ipynb #b3f1d9e2
+REGIME_KEYS = ("overrides", "datasets", "seeds")
+REGIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # it becomes part of run labels
+
+
+def _check_regime(name, spec, train: dict, datasets: list, problems: list) -> dict | None:
+    "One regime of train.regimes, its defaults filled in (None once its problem is noted)."
+    where = f"train.regimes.{name}"
+    if not isinstance(name, str) or not REGIME_NAME.fullmatch(name):
+        problems.append(f"train.regimes: a regime name must be letters, digits, '_', '.', '+' or '-', got {name!r}.")
+        return None
+    if bad := key_problems(spec, REGIME_KEYS, where):
+        problems.extend(bad)
+        return None
+    overrides, ds = spec.get("overrides") or {}, spec.get("datasets", list(datasets))
+    if not isinstance(overrides, dict):
+        problems.append(f"{where}.overrides must be a mapping of training settings, e.g. {{learning_rate: 1.0e-4}}.")
+        return None
+    if not isinstance(ds, list) or not ds or not set(ds) <= set(datasets):
+        problems.append(f"{where}.datasets must be a non-empty list of the sweep's datasets ({', '.join(datasets)}).")
+        return None
+    seeds = _seed_list(spec["seeds"], f"{where}.seeds", problems) if "seeds" in spec else train["seeds"]
+    return dict(overrides=overrides, datasets=ds, seeds=seeds) if seeds else None
+
+
+def _check_regimes(train: dict, datasets: list, problems: list) -> dict | None:
+    "train.regimes as checked: name -> {overrides, datasets, seeds}; None: the sweep trains in one regime."
+    regimes = train["regimes"]
+    if regimes is None:
+        return None
+    if not isinstance(regimes, dict) or not regimes:
         problems.append(
-            f"train.seeds must be a non-empty list of distinct integers >= 0, e.g. [0, 1, 2], got {seeds!r}."
+            "train.regimes must map regime names to {overrides: {..}, datasets: [..], seeds: [..]} "
+            f"(only overrides needed), got {regimes!r}."
         )
-        return [0]
-    return seeds
+        return None
+    checked = {name: _check_regime(name, spec, train, datasets, problems) for name, spec in regimes.items()}
+    return checked if all(checked.values()) else None
 
 # %% ../../nbs/04g_sweep_checks.ipynb #feab02bb
 def _check_dataset_overrides(train: dict, datasets: list, problems: list) -> dict:
@@ -277,6 +320,11 @@ def _check_dataset_overrides(train: dict, datasets: list, problems: list) -> dic
         )
         do = {}
     return do
+
+
+def _regime_cells(train: dict) -> list[tuple]:
+    "(dataset, regime) for every dataset each regime trains on (none without regimes)."
+    return [(d, name) for name, r in (train["regimes"] or {}).items() for d in r["datasets"]]
 
 
 def _check_profile(train: dict, problems: list):
@@ -297,18 +345,20 @@ def _check_profile(train: dict, problems: list):
         except (ValueError, TypeError) as e:
             problems.append(f"train.config: {e}")
             return
-        for d in [None, *train["dataset_overrides"]]:
+        for d, regime in [(None, None), *((d, None) for d in train["dataset_overrides"]), *_regime_cells(train)]:
             try:
-                config.resolve_config(profile, training_overrides(train, d))
+                config.resolve_config(profile, training_overrides(train, d, regime))
             except (ValueError, TypeError) as e:
-                problems.append(f"train.{'dataset_overrides.' + d if d else 'overrides'}: {e}")
+                where = f"regimes.{regime}" if regime else f"dataset_overrides.{d}" if d else "overrides"
+                problems.append(f"train.{where}: {e}")
 
 
 def _check_train(train: dict, problems: list, datasets: list):
-    "The training section: dataset overrides, profile and overrides, seeds, direction and the relation model's facts."
+    "The training section: its dataset overrides, seeds, regimes, profile and overrides, direction, relation model."
     train["dataset_overrides"] = _check_dataset_overrides(train, datasets, problems)  # _overrides reads it
-    _check_profile(train, problems)
     train["seeds"], train["seed"] = _check_seeds(train, problems), None  # loaded, `seeds` says it all
+    train["regimes"] = _check_regimes(train, datasets, problems)
+    _check_profile(train, problems)
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
     if train["relation_model"] not in RELATION_TRAINING:

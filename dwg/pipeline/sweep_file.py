@@ -38,6 +38,7 @@ STAGES = {
         Stage("graft_methods", "graft_methods", roles=plans_mod.ROLE_SETS["position"]),
         Stage("localize", "localize", roles=plans_mod.ROLE_SETS["position"]),  # recipient, donor
         Stage("figures", "figures"),
+        Stage("regimes", "regimes"),  # with train.regimes: the claims of every regime side by side
     ]
 }
 STAGE_ORDER = list(STAGES)
@@ -52,6 +53,7 @@ SECTIONS = {
         config="embedded",
         seed=None,  # seed: N is short for seeds: [N]; neither given: seeds [0]
         seeds=None,  # each model pair trained once per seed (the dataset fixed), each grafting run once per seed
+        regimes=None,  # name -> {overrides, datasets, seeds}: the pairs trained once per regime as well
         direction="all",
         overrides=None,
         dataset_overrides=None,
@@ -179,9 +181,10 @@ def resolve_pairs(value, models: list, datasets: list, where: str) -> list[tuple
     return list(dict.fromkeys(_pair(p, models, datasets, where) for p in value))
 
 # %% ../../nbs/04f_sweep_file.ipynb #f0bd91b9
-def training_overrides(t: dict, dataset: str | None = None) -> dict | None:
-    "The training overrides of the train section `t`, with `dataset`'s own (dataset_overrides) on top; None: none."
-    return {**(t["overrides"] or {}), **((t["dataset_overrides"] or {}).get(dataset) or {})} or None
+def training_overrides(t: dict, dataset: str | None = None, regime: str | None = None) -> dict | None:
+    "The training overrides of the train section `t`: its own, `dataset`'s (dataset_overrides), `regime`'s; None: none."
+    mine = ((t.get("regimes") or {}).get(regime) or {}).get("overrides") or {}
+    return {**(t["overrides"] or {}), **((t["dataset_overrides"] or {}).get(dataset) or {}), **mine} or None
 
 # %% ../../nbs/04f_sweep_file.ipynb #9885f4c5
 def sweep_variant(sweep, path: str, value) -> dict:

@@ -12,8 +12,8 @@ from .claims_file import CLAIMS_FILE, Claim, claims_file_sha256, load_claims
 # %% auto #0
 __all__ = ['PROMPT_KINDS', 'ONE_SEED', 'STATISTICS', 'REGIONS', 'CLAIM_COLUMNS', 'prompt_kind', 'row_chance', 'prompt_kinds',
            'fact_scores', 'recovery', 'share', 'drop', 'gap', 'over_chance', 'interaction', 'claim_verdict',
-           'bootstrap_stats', 'bootstrap_stat', 'claim_stats', 'claim_row', 'claims_table', 'chance_verdict',
-           'chance_table', 'split_table', 'direction_table']
+           'bootstrap_stats', 'bootstrap_stat', 'claim_stats', 'claim_numbers', 'format_claim', 'claim_row',
+           'claims_of', 'claims_table', 'chance_verdict', 'chance_table', 'split_table', 'direction_table']
 
 # %% ../../nbs/06c_claims.ipynb #505637fd
 PROMPT_KINDS = ("all", "names movie", "slots only")
@@ -72,7 +72,8 @@ def fact_scores(df: pd.DataFrame, k: int = 5, prompts: str = "all") -> pd.DataFr
         raise ValueError(f"Unknown prompt kind {prompts!r}: use one of {', '.join(PROMPT_KINDS)}.")
     d = _hits(df, k)
     if "direction" in d:
-        d = d[d["direction"].fillna("A2B") == "A2B"]
+        # as object: from load_runs an all-missing `direction` is a float column, which warns at a str fill value
+        d = d[d["direction"].astype(object).fillna("A2B") == "A2B"]
     if prompts != "all":
         d = d[_kinds(d) == prompts]
     d = d.assign(train_seed=_train_seeds(d))
@@ -251,19 +252,9 @@ def _fmt(v, lo, hi, why: str = "reference at 0") -> str:
     "`0.42 [0.30, 0.55]`, or why there is no number."
     return f"n/a ({why})" if v != v else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
-# %% ../../nbs/06c_claims.ipynb #f055bc44
-def _floored(c: Claim, nums: dict) -> str:
-    "The floor-corrected cell: the number [interval] over the floor, or why there is none."
-    if not c.floor:
-        return ""
-    if "floored" not in nums:
-        return f"n/a (no {c.floor} in these results)"
-    why = f"{c.plans['ref']} at the floor"
-    return f"{_fmt(*nums['floored'], why=why)} over {c.floor}"
-
-
-def claim_row(c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boot: int = 1000, seed: int = 0):
-    "One claim's row on the fact scores `m` of one prompt kind, or None when no fact has every plan it reads."
+# %% ../../nbs/06c_claims.ipynb #c1a1e0b7
+def claim_numbers(c: Claim, m: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict | None:
+    "A claim's `ours` (and `floored`) (value, lo, hi), `verdict`, `seeds` and `facts` on fact scores `m`, or None."
     if m.empty:
         return None
     have = set(m.columns.get_level_values("plan"))
@@ -276,6 +267,26 @@ def claim_row(c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boo
     if not len(sub):
         return None
     nums = bootstrap_stats(sub, claim_stats(c, floor), n_boot, seed)
+    return dict(
+        nums,
+        verdict=_no_verdict(c, sub, nums, k) or claim_verdict(c, *nums["ours"][1:]),
+        seeds=sub.index.get_level_values("train_seed").nunique(),
+        facts=sub.index.get_level_values("fact_id").nunique(),
+    )
+
+# %% ../../nbs/06c_claims.ipynb #f055bc44
+def _floored(c: Claim, nums: dict) -> str:
+    "The floor-corrected cell: the number [interval] over the floor, or why there is none."
+    if not c.floor:
+        return ""
+    if "floored" not in nums:
+        return f"n/a (no {c.floor} in these results)"
+    why = f"{c.plans['ref']} at the floor"
+    return f"{_fmt(*nums['floored'], why=why)} over {c.floor}"
+
+
+def format_claim(c: Claim, nums: dict, prompts: str = "all") -> dict:
+    "One claim's row of the claims table from its `claim_numbers` on the prompts of kind `prompts`."
     return {
         "claim": c.claim,
         "paper": c.paper,
@@ -283,17 +294,23 @@ def claim_row(c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boo
         "prompts": prompts,
         "ours": _fmt(*nums["ours"]),
         "floor-corrected": _floored(c, nums),
-        "seeds": sub.index.get_level_values("train_seed").nunique(),
-        "facts": sub.index.get_level_values("fact_id").nunique(),
-        "verdict": _no_verdict(c, sub, nums, k) or claim_verdict(c, *nums["ours"][1:]),
+        "seeds": nums["seeds"],
+        "facts": nums["facts"],
+        "verdict": nums["verdict"],
         "set": c.set,
     }
+
+
+def claim_row(c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boot: int = 1000, seed: int = 0):
+    "One claim's row on the fact scores `m` of one prompt kind, or None when no fact has every plan it reads."
+    nums = claim_numbers(c, m, k, n_boot, seed)
+    return None if nums is None else format_claim(c, nums, prompts)
 
 # %% ../../nbs/06c_claims.ipynb #7733b326
 CLAIM_COLUMNS = ["claim", "paper", "measure", "prompts", "ours", "floor-corrected", "seeds", "facts", "verdict", "set"]
 
 
-def _claims_of(claims) -> tuple[list[Claim], str | None, str | None]:
+def claims_of(claims) -> tuple[list[Claim], str | None, str | None]:
     "The claims to compute, the file they came from and its sha256 (None, None for a list of claims)."
     if claims is None or isinstance(claims, (str, Path)):
         path = str(claims or CLAIMS_FILE)
@@ -303,7 +320,7 @@ def _claims_of(claims) -> tuple[list[Claim], str | None, str | None]:
 
 def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     "Each claim the results have the plans for, pooled and per prompt kind: ours [95%], floor-corrected, verdict."
-    claims, path, sha = _claims_of(claims)
+    claims, path, sha = claims_of(claims)
     kinds = prompt_kinds(df)
     scores = {kind: fact_scores(df, k, kind) for kind in kinds}
     rows, left = [], []

@@ -149,13 +149,15 @@ def run_grafting(
     out_dir=None,
     seed: int = 0,
     train_seed: int | None = None,
+    train_regime: str | None = None,
     config: dict | None = None,
     model_name: str | None = None,
     reversal_plans=(),
 ):
     """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
-    results + run record, `train_seed` (the models' training seed) on every row. `reversal_plans` (among `plans`) are
-    also scored on the reversal (B2A) prompts; `generate`: True, False, or the plans and groups that decode names."""
+    results + run record, `train_seed` and `train_regime` (how the models were trained) on every row.
+    `reversal_plans` (among `plans`) are also scored on the reversal (B2A) prompts; `generate`: True, False, or the
+    plans and groups that decode names."""
     started = time.time()
     need = sorted({r for p in expand_plans(plans, 4) for r in get_plan(p).roles} - set(models))
     if need:
@@ -175,7 +177,9 @@ def run_grafting(
     kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
     for r in rows:
-        r.update(experiment=experiment, model=model_name, dataset=kind, train_seed=train_seed)
+        r.update(
+            experiment=experiment, model=model_name, dataset=kind, train_seed=train_seed, train_regime=train_regime
+        )
     if out_dir is not None:
         own = dict(
             models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
@@ -190,6 +194,7 @@ def run_grafting(
             max_examples=max_examples,
             seed=seed,
             train_seed=train_seed,
+            train_regime=train_regime,
             reversal_plans=list(reversal_plans),
         )
         _write_run(out_dir, rows, config or own, started, len(examples))

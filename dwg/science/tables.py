@@ -258,6 +258,7 @@ RESULT_COLUMNS = [
     "prompt_roles",  # the span roles the prompt names (e.g. movie_title: a prompt that names the movie)
     "distractor_ranks",  # ranks of the other facts' answers' first tokens (chance level)
     "train_seed",  # the training seed of the models grafted
+    "train_regime",  # the training regime of the models grafted (a sweep with train.regimes)
 ]
 
 

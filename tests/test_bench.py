@@ -75,6 +75,10 @@ def test_benchmark_runs_and_engine_matches_original(tmp_path):
     assert res["stage_own_length_same_rows"] and math.isclose(
         res["stage_own_length_speedup"], res["stage_every_row_s"] / res["stage_now_s"]
     )
+    # scoring without the distractor ranks gives the same rows but for them; the chance cost is the printed ratio
+    assert res["stage_no_chance_same_rows"] and math.isclose(
+        res["stage_chance_cost"], res["stage_now_s"] / res["stage_no_chance_s"]
+    )
     # the patching plans: recording the donor once a site set, as before, gives the same rows
     assert res["stage_donor_once_same_rows"] and math.isclose(
         res["stage_donor_once_speedup"], res["stage_donor_per_site_s"] / res["stage_now_s"]

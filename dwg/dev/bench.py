@@ -251,6 +251,7 @@ def _stage_ways(plans: list, gen: dict) -> dict:
         before=(old, False),
         now=({}, True),
         memory_returned=({}, False),
+        no_chance=(dict(chance=False), True),
         **({"every_row": ({}, True)} if gen else {}),
         **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}),
     )
@@ -268,12 +269,20 @@ def _time_ways(ways: dict, plans: list, models: dict, tok, exs: list, batch: int
     return rows, times
 
 # %% ../../nbs/07_bench.ipynb #0d36556bn20
+def _without_chance(rows: list[dict]) -> list[dict]:
+    "Rows without their distractor ranks (what scoring without chance leaves out)."
+    return [{k: v for k, v in r.items() if k != "distractor_ranks"} for r in rows]
+
+
 def _stage_results(res: dict, rows: dict, times: dict, ways: dict, gen: dict):
-    "Each way's time (the faster of two) and speed-up against the default, and whether its rows are the default's."
+    "Each way's time (the faster of two) and ratio to the default's, and whether its rows are the default's."
     if gen:
         res["stage_every_row_s"] = min(times["every_row"])
         res["stage_own_length_speedup"] = res["stage_every_row_s"] / min(times["now"])
         res["stage_own_length_same_rows"] = rows["every_row"] == rows["now"]
+    res["stage_no_chance_s"] = min(times["no_chance"])
+    res["stage_chance_cost"] = min(times["now"]) / res["stage_no_chance_s"]
+    res["stage_no_chance_same_rows"] = _without_chance(rows["no_chance"]) == _without_chance(rows["now"])
     if "donor_per_site" in ways:
         res["stage_donor_per_site_s"] = min(times["donor_per_site"])
         res["stage_donor_once_speedup"] = res["stage_donor_per_site_s"] / min(times["now"])

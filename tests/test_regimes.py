@@ -14,7 +14,7 @@ from dwg.science.claims import claims_table
 from dwg.science.tables import load_runs
 
 NB = Path(__file__).resolve().parents[1] / "dwg" / "experiments" / "regimes.ipynb"
-REGIMES = {"fast": {"learning_rate": 3e-4, "epochs": 3}, "slow": {"overrides": {"learning_rate": 1e-5, "epochs": 1}}}
+REGIMES = {"fast": {"learning_rate": 3e-4, "epochs": 3}, "slow": {"learning_rate": 1e-5, "epochs": 1}}
 
 
 def _write_run(d: Path, rows: pd.DataFrame):

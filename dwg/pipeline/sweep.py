@@ -90,7 +90,7 @@ class Training:
 
     regime: str | None
     seed: int
-    overrides: dict | None = field(default=None, compare=False, hash=False)
+    overrides: dict | None = None
 
     def label(self, label: str, t: dict) -> str:
         "A run's `label` naming the regime (if any) and the seed (when the regime trains with several)."

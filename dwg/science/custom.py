@@ -13,10 +13,9 @@ import re
 import string
 import unicodedata
 from pathlib import Path
-import yaml
 import dwg
 from .data import ASSETS, assign_splits, hold_out, leaked_names, render, template_fields, write_dataset
-from ..runs import file_problem
+from ..runs import file_problem, read_yaml_mapping
 
 # %% auto #0
 __all__ = ['CUSTOM_KIND', 'RESERVED_FIELDS', 'FE_ALIAS', 'EXAMPLE_DIR', 'TEMPLATE_KEYS', 'read_facts', 'read_templates',
@@ -143,12 +142,7 @@ def read_templates(path) -> dict:
     p = Path(path)
     if why := file_problem(p, "Templates file"):
         raise FileNotFoundError(why)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"Templates file '{p}' is not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"Templates file '{p}' must hold a mapping ({', '.join(TEMPLATE_KEYS)}).")
+    raw = read_yaml_mapping(p, "Templates file", f"a mapping ({', '.join(TEMPLATE_KEYS)})")
     if bad := [k for k in raw if k not in TEMPLATE_KEYS]:
         raise ValueError(f"Templates file '{p}': unknown key(s) {bad}. Valid keys: {', '.join(TEMPLATE_KEYS)}.")
     for role in ("first_entity", "target"):

@@ -26,15 +26,9 @@ def _number(x: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def _overrides(spec) -> dict:
-    "A regime's training overrides, from the overrides themselves or the sweep file's `{overrides: ...}`."
-    spec = spec or {}
-    return (spec.get("overrides") or {}) if "overrides" in spec else dict(spec)
-
-
-def regime_label(name: str, overrides: dict) -> str:
+def regime_label(name: str, settings: dict) -> str:
     "A short label of a regime (`lr 3e-4 x 3 ep, frozen head`); its `name` when it sets anything else, or nothing."
-    o = _overrides(overrides)
+    o = settings or {}
     if not o or set(o) - _LABELLED:
         return name
     steps = [f"lr {_number(float(o['learning_rate']))}"] if "learning_rate" in o else []
@@ -43,9 +37,9 @@ def regime_label(name: str, overrides: dict) -> str:
     return ", ".join(p for p in (" x ".join(steps), frozen) if p) or name
 
 # %% ../../nbs/06g_regimes.ipynb #e900000c
-def _order(spec) -> tuple:
+def _order(settings: dict) -> tuple:
     "A regime's sort key: frozen last, then learning rate high to low, then epochs few to many (unset: after)."
-    o = _overrides(spec)
+    o = settings or {}
     lr, epochs = o.get("learning_rate"), o.get("epochs")
     frozen = bool(o.get("freeze_embeddings") or o.get("freeze_unembeddings"))
     return (frozen, lr is None, -float(lr or 0), epochs is None, float(epochs or 0))

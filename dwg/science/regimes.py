@@ -9,9 +9,9 @@ import pandas as pd
 from .claims import REGIONS, claim_numbers, claims_of, fact_scores, format_claim
 
 # %% auto #0
-__all__ = ['REGIME_CLAIM_COLUMNS', 'SUMMARY_COLUMNS', 'regime_label', 'regime_labels', 'cell_keys', 'regime_cells',
-           'learned_table', 'regime_claims', 'verdict_regions', 'classify', 'cell_labels', 'cell_learns',
-           'regime_summary']
+__all__ = ['REGIME_CLAIM_COLUMNS', 'HEAD_FROZEN', 'SUMMARY_COLUMNS', 'regime_label', 'regime_labels', 'cell_keys', 'regime_cells',
+           'learned_table', 'grafts_head', 'frozen_heads', 'regime_claims', 'verdict_regions', 'classify',
+           'cell_labels', 'cell_learns', 'regime_summary', 'head_claims', 'head_table']
 
 # %% ../../nbs/06g_regimes.ipynb #e9000007
 _FROZEN = {(True, True): "frozen embeddings + head", (True, False): "frozen embeddings", (False, True): "frozen head"}
@@ -142,14 +142,34 @@ def _claim_cell(c, nums: dict, regime, dataset) -> dict:
     )
 
 
-def regime_claims(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    "Every claim in every regime cell, prompts pooled: value, lo, hi, ours [95%], verdict as `claims_table` has them."
+HEAD_FROZEN = "n/a: the head is frozen in this regime (grafting it changes nothing)"
+
+
+def grafts_head(claim) -> bool:
+    "Whether a claim reads a plan that grafts the output head (`LT:attn+ffn+head@all`)."
+    return any("head" in re.split(r"[:+@]", plan) for plan in claim.needs)
+
+
+def frozen_heads(regimes: dict | None) -> set:
+    "The regimes (name -> training settings) that freeze the output head (`freeze_unembeddings`)."
+    return {name for name, settings in (regimes or {}).items() if (settings or {}).get("freeze_unembeddings")}
+
+
+def regime_claims(
+    df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0, frozen_head=()
+) -> pd.DataFrame:
+    """Every claim in every regime cell, prompts pooled: value, lo, hi, ours [95%], verdict as `claims_table` has them;
+    in the regimes of `frozen_head` the claims that graft the head get no verdict (`HEAD_FROZEN`)."""
     claims, path, sha = claims_of(claims)
     rows = []
     for (regime, dataset), cell in regime_cells(df).items():
         m = fact_scores(cell, k)
         got = ((c, claim_numbers(c, m, k, n_boot, seed)) for c in claims)
-        rows += [_claim_cell(c, nums, regime, dataset) for c, nums in got if nums is not None]
+        for c, nums in got:
+            if nums is None:
+                continue
+            row = _claim_cell(c, nums, regime, dataset)
+            rows.append(dict(row, verdict=HEAD_FROZEN) if regime in frozen_head and grafts_head(c) else row)
     out = pd.DataFrame(rows, columns=REGIME_CLAIM_COLUMNS)
     out.attrs.update(claims_file=path, claims_sha256=sha)
     return out
@@ -191,14 +211,16 @@ def _which_way(verdicts: dict) -> str:
 
 def classify(cells: dict) -> tuple[str, str]:
     """(class, detail) of a claim over the cells that learn (`cells`: cell -> verdict), intersecting the regions of
-    the cells with a verdict: fewer than two `too few regimes`; {does not} `fails`; other non-empty `stable`; empty
-    `regime-dependent`."""
+    the cells with a verdict: fewer than two `too few regimes`; {does not} `fails`; every region `inconclusive`; other
+    non-empty `stable`; empty `regime-dependent`."""
     regions = {cell: r for cell, v in cells.items() if (r := verdict_regions(v)) is not None}
     if len(regions) < 2:
         return "too few regimes", f"{len(regions)} of {len(cells)} learning cell(s) with a verdict"
     common = frozenset.intersection(*regions.values())
     if common == {"does not"}:
         return "fails", "does not"
+    if common == set(REGIONS):
+        return "inconclusive", f"no cell's interval tells {_either(REGIONS)} apart"
     if common:
         return "stable", _either(common)
     return "regime-dependent", _which_way({cell: cells[cell] for cell in regions})
@@ -254,3 +276,19 @@ def regime_summary(claims_by_cell: pd.DataFrame, learned: pd.DataFrame, labels: 
     learns = cell_learns(learned)
     groups = claims_by_cell.groupby("claim", sort=False)
     return pd.DataFrame([_summary_row(claim, got, names, learns) for claim, got in groups], columns=SUMMARY_COLUMNS)
+
+# %% ../../nbs/06g_regimes.ipynb #e9000043
+def head_claims(claims=None) -> list[str]:
+    "The claims that graft the head, and those whose plan is a head claim's reference, in the claims file's order."
+    claims = claims_of(claims)[0]
+    refs = {c.plans.get("ref") for c in claims if grafts_head(c)}
+    return [c.claim for c in claims if grafts_head(c) or c.plans.get("plan") in refs]
+
+
+def head_table(claims_by_cell: pd.DataFrame, learned: pd.DataFrame, labels: dict | None = None, claims=None):
+    "Per cell (`cell_labels` order): whether it learns and each of `head_claims` as `ours` [95%]; blank: not computed."
+    names, learns = cell_labels(learned, labels), cell_learns(learned)
+    wanted = [c for c in head_claims(claims) if c in set(claims_by_cell["claim"])]
+    shown = dict(zip(zip(cell_keys(claims_by_cell), claims_by_cell["claim"]), claims_by_cell["ours"]))
+    rows = [[names[key], learns[key], *(shown.get((key, c), "") for c in wanted)] for key in names]
+    return pd.DataFrame(rows, columns=["cell", "learns", *wanted])

@@ -174,6 +174,7 @@ def regime_claims(
     """Every claim in every regime cell, prompts pooled: value, lo, hi, ours [95%], verdict as `claims_table` has them;
     in the regimes of `frozen_head` the claims that graft the head get no verdict (`HEAD_FROZEN`)."""
     claims, path, sha = claims_of(claims)
+    heads = {c.claim for c in claims if grafts_head(c)} if frozen_head else set()
     rows = []
     for (regime, dataset), cell in regime_cells(df).items():
         m = fact_scores(cell, k)
@@ -182,7 +183,7 @@ def regime_claims(
             if nums is None:
                 continue
             row = _claim_cell(c, nums, regime, dataset)
-            rows.append(dict(row, verdict=HEAD_FROZEN) if regime in frozen_head and grafts_head(c) else row)
+            rows.append(dict(row, verdict=HEAD_FROZEN) if regime in frozen_head and c.claim in heads else row)
     out = pd.DataFrame(rows, columns=REGIME_CLAIM_COLUMNS)
     out.attrs.update(claims_file=path, claims_sha256=sha)
     return out
@@ -295,9 +296,10 @@ def head_claims(claims=None) -> list[str]:
     """The claims whose plans name the head, after the claims that measure a head claim's reference plan (recall at
     LT without the head): references, then shares, then gaps."""
     claims = claims_of(claims)[0]
-    refs = {c.plans.get("ref") for c in claims if grafts_head(c)}
-    shown = [c for c in claims if grafts_head(c) or c.plans.get("plan") in refs]
-    return [c.claim for c in sorted(shown, key=lambda c: (grafts_head(c), c.statistic == "gap"))]
+    head = {c.claim: grafts_head(c) for c in claims}
+    refs = {c.plans.get("ref") for c in claims if head[c.claim]}
+    shown = [c for c in claims if head[c.claim] or c.plans.get("plan") in refs]
+    return [c.claim for c in sorted(shown, key=lambda c: (head[c.claim], c.statistic == "gap"))]
 
 
 def head_table(claims_by_cell: pd.DataFrame, learned: pd.DataFrame, labels: dict | None = None, claims=None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import pandas as pd
 from .claims import REGIONS, claim_numbers, claims_of, fact_scores, format_claim
-from .tables import plan_info
+from .tables import plan_infos
 
 # %% auto #0
 __all__ = ['REGIME_CLAIM_COLUMNS', 'HEAD_FROZEN', 'SUMMARY_COLUMNS', 'regime_label', 'regime_labels', 'cell_keys', 'regime_cells',
@@ -151,16 +151,15 @@ def _claim_cell(c, nums: dict, regime, dataset) -> dict:
 HEAD_FROZEN = "n/a: this regime freezes the head (its plans graft the pretrained head)"
 
 
-def _names_head(plan: str) -> bool:
-    "Whether a catalogue plan names the output head (`lm_head`) among a rule's components (not `all`)."
-    info = plan_info(plan)
+def _names_head(info) -> bool:
+    "Whether a catalogue plan (None: unknown) names the output head (`lm_head`) among a rule's components."
     named = lambda c: [c] if isinstance(c, str) else list(c)
     return info is not None and any("lm_head" in named(r.components) for r in info.rules)
 
 
 def grafts_head(claim) -> bool:
     "Whether a claim reads a plan that names the output head among its components (`LT:attn+ffn+head@all`)."
-    return any(_names_head(plan) for plan in claim.needs)
+    return any(_names_head(info) for info in plan_infos(claim.needs).values())
 
 
 def frozen_heads(regimes: dict | None) -> set:

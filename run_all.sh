@@ -26,7 +26,7 @@ Commands:
   help | --help  this text
 
 Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
-  --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), seeds, regime,
+  --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), forms, seeds, regime,
                    regime_small, breadth, custom, localize, lora, paper (docs/how-to/sweeps.md)
   --sweep FILE     a sweep YAML file instead of a packaged profile
   --runs DIR       where runs are written (default ./runs/<profile>)

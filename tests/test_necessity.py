@@ -1,6 +1,7 @@
 """Necessity plans (the pretrained model grafted into the fine-tuned one at X) against the complement plans (the
-fine-tuned model grafted into the pretrained one everywhere but X): each position runs the same weights either way,
-so the two score every prompt alike. The claims file reads the complements for the necessity rows because of this."""
+fine-tuned model grafted into the pretrained one everywhere but X). Grafting every module (`:all`), each position runs
+the same weights either way, so the two score every prompt alike. In the default form (the decoder layers alone) the
+embeddings and the head stay the base model's, so the two differ: the claims file reads the necessity plans."""
 
 import math
 
@@ -9,13 +10,20 @@ import pytest
 from dwg import load
 from dwg.science.data import create_dataset, load_split
 from dwg.science.evaluate import evaluate_plans
+from dwg.science.plans import POSITION_SETS, GraftPlan, Rule
 
 PAIRS = [
-    ("pre->sft:FE", "not_FE"),
-    ("pre->sft:LT", "not_LT"),
-    ("pre->sft:FE+LT", "(FE+LT)^C"),
-    ("pre->sft:(FE+LT)^C", "FE+LT"),
+    ("pre->sft:FE:all", "not_FE:all"),
+    ("pre->sft:LT:all", "not_LT:all"),
+    ("pre->sft:FE+LT:all", "(FE+LT)^C:all"),
+    ("pre->sft:(FE+LT)^C:all", "FE+LT:all"),
 ]
+
+
+def reverse_all(name: str) -> GraftPlan:
+    "`pre->sft:X:all`: the pretrained model's every module grafted into the fine-tuned one at X."
+    x = name.removeprefix("pre->sft:").removesuffix(":all")
+    return GraftPlan(name, "finetuned", [Rule("pretrained", POSITION_SETS[x][0], components="all")])
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +34,7 @@ def rows(tmp_path_factory):
         "fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path_factory.mktemp("necessity") / "ds"
     )
     exs = load_split(ds, "eval")[:12]
-    plans = [p for pair in PAIRS for p in pair] + ["PRE", "SFT"]
+    plans = [p for n, c in PAIRS for p in (reverse_all(n), c)] + ["PRE", "SFT", "pre->sft:FE", "not_FE"]
     out = evaluate_plans(plans, dict(pretrained=pre, finetuned=sft), tok, exs, batch_size=5, progress=False)
     by_plan = {}
     for r in out:
@@ -51,3 +59,11 @@ def test_the_pair_differs_from_the_references(rows):
     pre = [r["logprob"] for r in rows["PRE"] if not r["skipped"]]
     sft = [r["logprob"] for r in rows["SFT"] if not r["skipped"]]
     assert max(abs(p - s) for p, s in zip(pre, sft)) > 1e-2
+
+
+def test_the_default_form_is_no_complement(rows):
+    """With the decoder layers alone, `pre->sft:FE` keeps the fine-tuned embeddings and head where `not_FE` keeps the
+    pretrained ones: the two score the prompts differently."""
+    a = [r["logprob"] for r in rows["pre->sft:FE"] if not r["skipped"]]
+    b = [r["logprob"] for r in rows["not_FE"] if not r["skipped"]]
+    assert max(abs(x - y) for x, y in zip(a, b)) > 1e-2

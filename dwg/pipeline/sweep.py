@@ -23,6 +23,7 @@ from dwg.pipeline.sweep_file import (
     training_overrides,
 )
 from .sweep_checks import load_sweep
+from ..science.plans import plans_digest
 
 # %% auto #0
 __all__ = ['Run', 'run_id', 'Training', 'trainings', 'regime_settings', 'expand', 'default_notebooks_dir', 'notebook_parameters',
@@ -154,7 +155,9 @@ def _graft_run(s: dict, sec: str, m: str, d: str, ds_run: Run, models: dict, tr:
         p = dict(pretrained=m, task=f"@{ins[0].key}", relation=f"@{ins[1].key}", dataset_dir=f"@{ds_run.key}", **opts)
     if tr.regime and sec in GRAFT_SECTIONS:  # in the id: a sweep without regimes grafting the same models names none
         p["train_regime"] = tr.regime
-    run = _make(sec, tr.label(f"{m}:{d}", s["train"]), p, [ds_run.key] + [r.key for r in ins])
+    # the plans' definitions in the id: a run made under an older meaning of a plan name is not reused
+    digest = dict(plans=plans_digest(opts["plans"])) if "plans" in opts else None
+    run = _make(sec, tr.label(f"{m}:{d}", s["train"]), p, [ds_run.key] + [r.key for r in ins], digest)
     if sec in GRAFT_SECTIONS:  # stamped on its rows; not in its id, which holds its models' ids, and so the seed
         run.params["train_seed"] = tr.seed
     return run

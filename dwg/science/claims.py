@@ -5,15 +5,17 @@
 # %% ../../nbs/06c_claims.ipynb #ab2c1e87
 from __future__ import annotations
 from pathlib import Path
+from typing import NamedTuple
 import numpy as np
 import pandas as pd
 from .claims_file import CLAIMS_FILE, Claim, claims_file_sha256, load_claims
 
 # %% auto #0
 __all__ = ['PROMPT_KINDS', 'ONE_SEED', 'STATISTICS', 'REGIONS', 'CLAIM_COLUMNS', 'prompt_kind', 'row_chance', 'prompt_kinds',
-           'fact_scores', 'recovery', 'share', 'drop', 'gap', 'over_chance', 'interaction', 'claim_verdict',
-           'bootstrap_stats', 'bootstrap_stat', 'claim_stats', 'claim_numbers', 'format_claim', 'claim_row',
-           'claims_of', 'claims_table', 'chance_verdict', 'chance_table', 'split_table', 'direction_table']
+           'fact_scores', 'recovery', 'share', 'drop', 'gap', 'over_chance', 'interaction', 'claim_verdict', 'Interval',
+           'bootstrap_stats', 'bootstrap_stat', 'chance_share', 'claim_stats', 'verdict_number', 'claim_numbers',
+           'format_claim', 'claim_row', 'claims_of', 'claims_table', 'claims_summary', 'chance_verdict', 'chance_table',
+           'split_table', 'direction_table']
 
 # %% ../../nbs/06c_claims.ipynb #505637fd
 PROMPT_KINDS = ("all", "names movie", "slots only")
@@ -184,64 +186,101 @@ def _resampler(m: pd.DataFrame):
     return take
 
 
-def _seed_groups(m: pd.DataFrame) -> list[np.ndarray]:
-    "The row positions of each training seed's facts in `m` (one group when `m` has no `train_seed` level)."
-    if "train_seed" not in m.index.names or not len(m):
-        return [np.arange(len(m))]
-    codes = pd.factorize(m.index.get_level_values("train_seed"))[0]
-    return [np.flatnonzero(codes == i) for i in range(codes.max() + 1)]
+def _codes(m: pd.DataFrame, level: str) -> np.ndarray:
+    "Each row's code on an index level of `m` (0, 1, ... in order of appearance; all 0 without that level)."
+    if level not in m.index.names:
+        return np.zeros(len(m), int) if level == "train_seed" else np.arange(len(m))
+    return pd.factorize(m.index.get_level_values(level))[0]
 
 
-def _resample(groups: list[np.ndarray], rng) -> np.ndarray:
-    "One resample's rows: seeds with replacement, then facts within each drawn seed (the facts alone for one seed)."
-    if len(groups) == 1:
-        return groups[0][rng.integers(0, len(groups[0]), len(groups[0]))]
-    drawn = [groups[s] for s in rng.integers(0, len(groups), len(groups))]
-    return np.concatenate([g[rng.integers(0, len(g), len(g))] for g in drawn])
+def _design(m: pd.DataFrame) -> np.ndarray:
+    "The rows of `m` as a (training seed x fact) table of row positions, -1 where a seed has no row for a fact."
+    if not len(m):
+        return np.zeros((1, 0), int)
+    seeds, facts = _codes(m, "train_seed"), _codes(m, "fact_id")
+    out = np.full((seeds.max() + 1, facts.max() + 1), -1)
+    out[seeds, facts] = np.arange(len(m))
+    return out
+
+
+def _resample(design: np.ndarray, rng) -> np.ndarray:
+    """One resample's rows: the seeds with replacement, then one draw of the facts with replacement, the same for every
+    drawn seed (every seed trains on the same facts: a crossed design); with one seed, the facts alone."""
+    n_seeds, n_facts = design.shape
+    seeds = rng.integers(0, n_seeds, n_seeds) if n_seeds > 1 else np.zeros(1, int)
+    rows = design[np.ix_(seeds, rng.integers(0, n_facts, n_facts))].ravel()
+    return rows[rows >= 0]
 
 # %% ../../nbs/06c_claims.ipynb #7c86a973
-def _interval(value, boots: np.ndarray, level: float) -> tuple:
-    "The value and the percentile interval of the resamples' values (NaNs left out; NaN when none is left)."
+class Interval(NamedTuple):
+    "A number, its percentile interval over bootstrap resamples, and in how many resamples it was undefined (x / 0)."
+
+    value: float
+    lo: float
+    hi: float
+    undefined: int = 0
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self.lo, self.hi
+
+
+def _interval(value, boots: np.ndarray, level: float) -> Interval:
+    "The value and the percentile interval of the resamples' values (NaNs counted and left out; NaN when none is left)."
+    undefined = int(np.isnan(boots).sum())
     boots = boots[~np.isnan(boots)]
     if not len(boots):
-        return value, float("nan"), float("nan")
+        return Interval(value, float("nan"), float("nan"), undefined)
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    return value, float(lo), float(hi)
+    return Interval(value, float(lo), float(hi), undefined)
 
 
 def bootstrap_stats(m: pd.DataFrame, stats: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
-    "Each of `stats` (name: fact scores -> number) on `m` and its percentile interval, over the same resamples."
-    take, groups = _resampler(m), _seed_groups(m)
+    "Each of `stats` (name: fact scores -> number) on `m` and its `Interval`, over the same resamples."
+    take, design = _resampler(m), _design(m)
     rng = np.random.default_rng(seed)
     boots = {name: np.empty(n_boot) for name in stats}
     for i in range(n_boot):
-        sample = take(_resample(groups, rng))
+        sample = take(_resample(design, rng))
         for name, stat in stats.items():
             boots[name][i] = stat(sample)
     return {name: _interval(stat(m), boots[name], level) for name, stat in stats.items()}
 
 
-def bootstrap_stat(m: pd.DataFrame, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple:
-    "`stat` of the fact scores `m`, and its percentile interval over `n_boot` resamples of seeds and facts (seeded)."
+def bootstrap_stat(m: pd.DataFrame, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> Interval:
+    "`stat` of the fact scores `m`, and its `Interval` over `n_boot` resamples of seeds and facts (seeded)."
     return bootstrap_stats(m, {"stat": stat}, n_boot, seed, level)["stat"]
 
 # %% ../../nbs/06c_claims.ipynb #935aa8e3
-def claim_stats(c: Claim, floor: str | None = None) -> dict:
-    "The numbers of a claim's row as functions of fact scores: `ours`, and with a `floor` `floored` and `over_floor`."
+def chance_share(m, plan, ref) -> float:
+    "`plan`'s top-k over `ref`'s, each above its chance: (plan - chance_plan) / (ref - chance_ref)."
+    return _ratio(_mean(m, "hit", plan) - _mean(m, "chance", plan), _mean(m, "hit", ref) - _mean(m, "chance", ref))
+
+
+def claim_stats(c: Claim, floor: str | None = None, chance: bool = False) -> dict:
+    """The numbers of a claim's row as functions of fact scores: `ours`; with a `floor` `floored` and `over_floor`;
+    with `chance` (a share whose plans have chance scores) `chance_corrected`."""
     stat = STATISTICS[c.statistic]
     out = {"ours": lambda m: stat(m, **c.plans)}
     if floor:
         out["floored"] = lambda m: stat(m, **c.plans, floor=floor)
         out["over_floor"] = lambda m: _mean(m, "hit", c.plans["ref"]) - _mean(m, "hit", floor)
+    if chance:
+        out["chance_corrected"] = lambda m: chance_share(m, c.plans["plan"], c.plans["ref"])
     return out
+
+
+def verdict_number(nums: dict) -> Interval:
+    "The number a claim's verdict reads: floor-corrected where the claim has a floor in the results, else the raw one."
+    return nums.get("floored", nums["ours"])
 
 
 def _no_verdict(c: Claim, sub: pd.DataFrame, nums: dict, k: int) -> str | None:
     "Why the claim's number gets no verdict on these facts (None: it gets one)."
     if not c.has_verdict:
         return "none: a measure, not a claim"
-    if "over_floor" in nums and nums["over_floor"][1] <= 0:
-        where = "below" if nums["over_floor"][2] < 0 else "at"
+    if "over_floor" in nums and nums["over_floor"].lo <= 0:
+        where = "below" if nums["over_floor"].hi < 0 else "at"
         return f"n/a: {c.plans['ref']} is {where} the floor {c.floor}"
     if c.reference and c.min_reference is not None and sub["hit"][c.reference].mean() < c.min_reference:
         return f"n/a: {c.reference} top-{k} {sub['hit'][c.reference].mean():.2f} is below {c.min_reference:g}"
@@ -253,8 +292,17 @@ def _fmt(v, lo, hi, why: str = "reference at 0") -> str:
     return f"n/a ({why})" if v != v else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
 # %% ../../nbs/06c_claims.ipynb #c1a1e0b7
-def claim_numbers(c: Claim, m: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict | None:
-    "A claim's `ours` (and `floored`) (value, lo, hi), `verdict`, `seeds` and `facts` on fact scores `m`, or None."
+def _chance_columns(c: Claim, m: pd.DataFrame) -> list:
+    "The chance scores a share's chance-corrected form reads, when `m` has them for its plan and its reference."
+    cols = [("chance", c.plans[r]) for r in ("plan", "ref")] if c.statistic == "share" else []
+    return cols if cols and set(cols) <= set(m.columns) else []
+
+
+def claim_numbers(
+    c: Claim, m: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> dict | None:
+    """A claim's `Interval`s (`ours`, and `floored`, `chance_corrected` where they apply), `verdict` (reading
+    `verdict_number`), `seeds` and `facts` on fact scores `m`, or None; `level`: the intervals' coverage."""
     if m.empty:
         return None
     have = set(m.columns.get_level_values("plan"))
@@ -266,10 +314,12 @@ def claim_numbers(c: Claim, m: pd.DataFrame, k: int = 5, n_boot: int = 1000, see
     sub = m[cols].dropna()  # the facts every plan of the claim scored
     if not len(sub):
         return None
-    nums = bootstrap_stats(sub, claim_stats(c, floor), n_boot, seed)
+    chance = _chance_columns(c, m)
+    sub = pd.concat([sub, m.loc[sub.index, chance]], axis=1) if chance else sub  # chance: averaged where recorded
+    nums = bootstrap_stats(sub, claim_stats(c, floor, bool(chance)), n_boot, seed, level)
     return dict(
         nums,
-        verdict=_no_verdict(c, sub, nums, k) or claim_verdict(c, *nums["ours"][1:]),
+        verdict=_no_verdict(c, sub, nums, k) or claim_verdict(c, *verdict_number(nums).bounds),
         seeds=sub.index.get_level_values("train_seed").nunique(),
         facts=sub.index.get_level_values("fact_id").nunique(),
     )
@@ -282,18 +332,28 @@ def _floored(c: Claim, nums: dict) -> str:
     if "floored" not in nums:
         return f"n/a (no {c.floor} in these results)"
     why = f"{c.plans['ref']} at the floor"
-    return f"{_fmt(*nums['floored'], why=why)} over {c.floor}"
+    return f"{_fmt(*nums['floored'][:3], why=why)} over {c.floor}"
+
+
+def _chance_corrected(nums: dict) -> str:
+    "The chance-corrected cell of a share: the number [interval], or nothing (no share, or no chance scores)."
+    return _fmt(*nums["chance_corrected"][:3], why="reference at its chance") if "chance_corrected" in nums else ""
 
 
 def format_claim(c: Claim, nums: dict, prompts: str = "all") -> dict:
     "One claim's row of the claims table from its `claim_numbers` on the prompts of kind `prompts`."
+    read = verdict_number(nums)
     return {
         "claim": c.claim,
+        "form": c.form,
         "paper": c.paper,
         "measure": c.measure,
         "prompts": prompts,
-        "ours": _fmt(*nums["ours"]),
+        "ours": _fmt(*nums["ours"][:3]),
         "floor-corrected": _floored(c, nums),
+        "chance-corrected": _chance_corrected(nums),
+        "verdict reads": "floor-corrected" if "floored" in nums else "raw",
+        "undefined": read.undefined,
         "seeds": nums["seeds"],
         "facts": nums["facts"],
         "verdict": nums["verdict"],
@@ -301,13 +361,30 @@ def format_claim(c: Claim, nums: dict, prompts: str = "all") -> dict:
     }
 
 
-def claim_row(c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boot: int = 1000, seed: int = 0):
+def claim_row(
+    c: Claim, m: pd.DataFrame, prompts: str = "all", k: int = 5, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+):
     "One claim's row on the fact scores `m` of one prompt kind, or None when no fact has every plan it reads."
-    nums = claim_numbers(c, m, k, n_boot, seed)
+    nums = claim_numbers(c, m, k, n_boot, seed, level)
     return None if nums is None else format_claim(c, nums, prompts)
 
 # %% ../../nbs/06c_claims.ipynb #7733b326
-CLAIM_COLUMNS = ["claim", "paper", "measure", "prompts", "ours", "floor-corrected", "seeds", "facts", "verdict", "set"]
+CLAIM_COLUMNS = [
+    "claim",
+    "form",
+    "paper",
+    "measure",
+    "prompts",
+    "ours",
+    "floor-corrected",
+    "chance-corrected",
+    "verdict reads",
+    "undefined",
+    "seeds",
+    "facts",
+    "verdict",
+    "set",
+]
 
 
 def claims_of(claims) -> tuple[list[Claim], str | None, str | None]:
@@ -318,20 +395,44 @@ def claims_of(claims) -> tuple[list[Claim], str | None, str | None]:
     return list(claims), None, None
 
 
-def claims_table(df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    "Each claim the results have the plans for, pooled and per prompt kind: ours [95%], floor-corrected, verdict."
+def claims_table(
+    df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> pd.DataFrame:
+    "Each claim the results have the plans for, pooled and per prompt kind: ours [interval], corrected forms, verdict."
     claims, path, sha = claims_of(claims)
     kinds = prompt_kinds(df)
     scores = {kind: fact_scores(df, k, kind) for kind in kinds}
     rows, left = [], []
     for c in claims:
-        got = [r for kind in kinds if (r := claim_row(c, scores[kind], kind, k, n_boot, seed)) is not None]
+        got = [r for kind in kinds if (r := claim_row(c, scores[kind], kind, k, n_boot, seed, level)) is not None]
         rows += got
         if not got:
             left.append(c.claim)
     out = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
     out.attrs.update(left_out=left, claims_file=path, claims_sha256=sha)
     return out
+
+# %% ../../nbs/06c_claims.ipynb #csum0002
+def _read_number(row) -> str:
+    "The number a claims-table row's verdict reads, as shown: the floor-corrected one (without its floor) or the raw."
+    return row["floor-corrected"].rsplit(" over ", 1)[0] if row["verdict reads"] == "floor-corrected" else row["ours"]
+
+
+def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
+    "One row per claim and form of a `claims_table`, the prompts pooled: the number the verdict reads, raw, verdict."
+    d = claims[claims["prompts"] == "all"]
+    return pd.DataFrame(
+        {
+            "claim": d["claim"],
+            "form": d["form"],
+            "ours (the verdict's number)": [_read_number(r) for _, r in d.iterrows()],
+            "reads": d["verdict reads"],
+            "raw": d["ours"],
+            "chance-corrected": d["chance-corrected"],
+            "verdict": d["verdict"],
+            "thresholds set": d["set"].str.split(";").str[0],
+        }
+    ).reset_index(drop=True)
 
 # %% ../../nbs/06c_claims.ipynb #6f83ae25
 def chance_verdict(lo: float, hi: float) -> str:
@@ -356,7 +457,7 @@ def chance_table(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0
         sub = m[[("hit", plan), ("chance", plan)]].dropna()
         if not len(sub):
             continue
-        v, lo, hi = bootstrap_stat(sub, lambda s: over_chance(s, plan), n_boot, seed)
+        v, lo, hi, _ = bootstrap_stat(sub, lambda s: over_chance(s, plan), n_boot, seed)
         top, chance = sub["hit"][plan].mean(), sub["chance"][plan].mean()
         idx = sub.index
         n_seeds, n_facts = idx.get_level_values("train_seed").nunique(), idx.get_level_values("fact_id").nunique()

@@ -10,8 +10,8 @@ from ..runs import file_digest, read_yaml_mapping
 from .data import ASSETS
 
 # %% auto #0
-__all__ = ['CLAIMS_FILE', 'STATISTIC_PLANS', 'FLOORED', 'NO_VERDICT', 'SET_WHEN', 'FIELDS', 'REQUIRED', 'Claim', 'parse_claim',
-           'parse_claims', 'load_claims', 'claims_file_sha256']
+__all__ = ['CLAIMS_FILE', 'STATISTIC_PLANS', 'FLOORED', 'NO_VERDICT', 'SET_WHEN', 'FORMS', 'FIELDS', 'REQUIRED', 'Claim',
+           'parse_claim', 'parse_claims', 'load_claims', 'claims_file_sha256']
 
 # %% ../../nbs/06b_claims_file.ipynb #db040007
 CLAIMS_FILE = ASSETS / "claims.yaml"
@@ -27,7 +27,21 @@ STATISTIC_PLANS = {
 FLOORED = ("share", "drop")  # the statistics a floor applies to (a drop in top-k only)
 NO_VERDICT = ("interaction",)  # measures reported without thresholds or verdict
 SET_WHEN = ("before the run", "after the run")  # how a claim's `set` begins
-FIELDS = ("claim", "paper", "measure", "statistic", "plans", "set", "full", "part", "higher", "reference", "floor")
+FORMS = ("default", "+head")  # the graft form a claim's plans use: the decoder layers (the paper's), or with the head
+FIELDS = (
+    "claim",
+    "paper",
+    "measure",
+    "statistic",
+    "plans",
+    "set",
+    "full",
+    "part",
+    "higher",
+    "reference",
+    "floor",
+    "form",
+)
 REQUIRED = ("claim", "paper", "measure", "statistic", "plans", "set")
 
 # %% ../../nbs/06b_claims_file.ipynb #baa4135d
@@ -45,7 +59,8 @@ class Claim:
     part: float | None = None  # the whole interval at or past only this: partly
     higher: bool = True  # False: the claim is that the number stays at or under the thresholds
     reference: str | None = None  # no verdict while this plan's top-k is below `min_reference`
-    floor: str | None = None  # share, drop: the plan at the floor (the number floor-corrected beside)
+    floor: str | None = None  # share, drop: the plan at the floor (the verdict reads the floor-corrected number)
+    form: str = "default"  # the graft form of its plans (FORMS): default (decoder layers) or +head
     min_reference: float | None = None  # the file's rule for `reference`
 
     @property
@@ -72,6 +87,8 @@ def _check_fields(name: str, entry: dict) -> None:
     missing = [f for f in REQUIRED if entry.get(f) in (None, "")]
     if missing:
         raise _problem(name, f"missing {', '.join(missing)}: add {', '.join(f'`{f}:`' for f in missing)}.")
+    if entry.get("form", "default") not in FORMS:
+        raise _problem(name, f"unknown form {entry['form']!r}: use one of {', '.join(FORMS)}.")
     if entry["statistic"] not in STATISTIC_PLANS:
         raise _problem(name, f"unknown statistic {entry['statistic']!r}: use one of {', '.join(STATISTIC_PLANS)}.")
     if not str(entry["set"]).startswith(SET_WHEN):
@@ -137,7 +154,7 @@ def parse_claim(entry: dict, rules: dict | None = None) -> Claim:
         min_reference = float(rule["value"])
         when.append(f"n/a below top-k {min_reference:g}: {rule.get('set', 'not said')}")
     if entry.get("floor"):
-        when.append(f"n/a at the floor: {(rules.get('floor') or {}).get('set', 'not said')}")
+        when.append(f"floor-corrected, n/a at the floor: {(rules.get('floor') or {}).get('set', 'not said')}")
     fields = {f: entry[f] for f in FIELDS if f in entry and f not in ("plans", "set")}
     return Claim(**fields, plans=plans, set="; ".join(when), min_reference=min_reference)
 

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/02a_plans.ipynb #10a939b9
 from __future__ import annotations
+import hashlib
 import json
 import random
 from collections import Counter
@@ -15,15 +16,16 @@ from ..runs import atomic_write, read_yaml_mapping
 
 # %% auto #0
 __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS', 'LABELS', 'COMPONENT_SETS', 'COMPONENT_LAYERS',
-           'GLOBAL_PARTS', 'DEPTH_GROUPS', 'DEPTH_POSITIONS', 'QUARTERS', 'NECESSITY_POSITIONS', 'COMPARED_METHODS',
-           'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS', 'PLAN_FILE_SUFFIXES', 'MissingSpan',
-           'resolve_positions', 'position_names', 'check_positions', 'example_roles', 'unknown_roles',
-           'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers', 'position_plans', 'reverse_plans',
-           'necessity_plans', 'component_layers', 'component_plans', 'hybrid_plans', 'depth_plans', 'method_plan',
-           'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans', 'plan_groups', 'figure_plans',
-           'figure_order', 'figure_references', 'figure_own', 'is_plan_file', 'plan_data', 'save_plan',
-           'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'spell_out', 'among', 'resolve_plans',
-           'ties_head']
+           'GRAFT_FORM', 'GRAFT_FORMS', 'MAIN_FORMS', 'GLOBAL_PARTS', 'DEPTH_GROUPS', 'DEPTH_POSITIONS', 'QUARTERS',
+           'NECESSITY_POSITIONS', 'COMPARED_METHODS', 'METHOD_POSITIONS', 'FAMILIES', 'DEPTH_FAMILIES', 'ROLE_SETS',
+           'PLAN_FILE_SUFFIXES', 'MissingSpan', 'resolve_positions', 'position_names', 'check_positions',
+           'example_roles', 'unknown_roles', 'check_plan_roles', 'Rule', 'GraftPlan', 'PaperPlan', 'kept_layers',
+           'position_plans', 'form_plan', 'form_plans', 'main_form_plans', 'reverse_plans', 'necessity_plans',
+           'component_layers', 'component_plans', 'hybrid_plans', 'paper_hybrid_plans', 'final_layer_plans',
+           'depth_plans', 'method_plan', 'method_plans', 'method_grid', 'parse_method_plan', 'paper_plans',
+           'plan_groups', 'figure_plans', 'figure_order', 'figure_references', 'figure_own', 'is_plan_file',
+           'plan_data', 'save_plan', 'load_plan_file', 'get_plan', 'get_plans', 'expand_plans', 'spell_out', 'among',
+           'resolve_plans', 'plans_digest', 'ties_head']
 
 # %% ../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -244,6 +246,15 @@ COMPONENT_SETS = {
     "attn+ffn+norms+head": ["attn", "ffn", "norms", "lm_head"],
 }
 COMPONENT_LAYERS = ["all", "last_half"]
+# the paper's graft (its public code): the decoder layers (attention, MLP, their norms, q/k norms included) and the
+# final norm; no embeddings, no head. Every position plan grafts this unless its name says otherwise (`NAME:FORM`)
+GRAFT_FORM = ["attn", "ffn", "norms"]
+GRAFT_FORMS = {  # FORM: what `NAME:FORM` grafts at the positions of the position set NAME
+    "all": ["all"],  # every module: the embeddings and the head as well (on a tied model, one matrix)
+    "attn+ffn+norms+head": [*GRAFT_FORM, "lm_head"],
+    "attn+ffn+norms+embed": [*GRAFT_FORM, "embed"],
+}
+MAIN_FORMS = ("all", "attn+ffn+norms+head")  # the forms the main job grafts at FE, LT, FE+LT, (FE+LT)^C
 # the components and groups that graft a module outside the decoder layers (those of
 # dwg.engine.graft.GLOBAL_COMPONENTS, `norms`: the final norm, `all`): no layer group restricts those
 GLOBAL_PARTS = ("all", "norms", "embed", "pos_embed", "ln_final", "lm_head")
@@ -263,15 +274,44 @@ def position_plans() -> list[PaperPlan]:
         PaperPlan("SFT", "finetuned", figures=FIG1, references=BASELINES),
     ]
     return plans + [
-        PaperPlan(name, "pretrained", [Rule("finetuned", pos)], figures=figs, position=name, label=LABELS.get(name))
+        PaperPlan(
+            name,
+            "pretrained",
+            [Rule("finetuned", pos, components=GRAFT_FORM)],
+            figures=figs,
+            position=name,
+            label=LABELS.get(name),
+        )
         for name, (pos, figs) in POSITION_SETS.items()
     ]
+
+
+def form_plan(name: str, form: str) -> PaperPlan:
+    "`NAME:FORM`: the position plan NAME grafting the components of `GRAFT_FORMS[form]` instead of the layers alone."
+    return PaperPlan(
+        f"{name}:{form}",
+        "pretrained",
+        [Rule("finetuned", POSITION_SETS[name][0], components=GRAFT_FORMS[form])],
+        position=name,
+        variant=form,
+        label=f"{LABELS.get(name, name)} ({form})",
+    )
+
+
+def form_plans() -> list[PaperPlan]:
+    "Every position set in every other graft form (`FE+LT:all`, `LT:attn+ffn+norms+head`, ...; the `forms` profile)."
+    return [form_plan(name, form) for name in POSITION_SETS for form in GRAFT_FORMS]
+
+
+def main_form_plans() -> list[PaperPlan]:
+    "The forms the main job grafts beside the default: `:all` and `:attn+ffn+norms+head` at FE, LT, FE+LT, (FE+LT)^C."
+    return [form_plan(name, form) for name in NECESSITY_POSITIONS for form in MAIN_FORMS]
 
 
 def reverse_plans() -> list[PaperPlan]:
     "The pretrained model grafted into the fine-tuned one at each position set (`pre->sft:NAME`; no figure)."
     return [
-        PaperPlan(f"pre->sft:{name}", "finetuned", [Rule("pretrained", pos)], position=name)
+        PaperPlan(f"pre->sft:{name}", "finetuned", [Rule("pretrained", pos, components=GRAFT_FORM)], position=name)
         for name, (pos, _) in POSITION_SETS.items()
     ]
 
@@ -307,9 +347,9 @@ def component_plans() -> list[PaperPlan]:
     fe_lt = PaperPlan(
         "FE+LT:relation->task",
         "task",
-        [Rule("relation", POSITION_SETS["FE+LT"][0])],
+        [Rule("relation", POSITION_SETS["FE+LT"][0], components=GRAFT_FORM)],
         position="FE+LT",
-        label="FE+LT (all)",
+        label="FE+LT (layers)",
         references=("components",),
     )
     return [*_component_references(), fe_lt] + [
@@ -326,25 +366,23 @@ def component_plans() -> list[PaperPlan]:
     ]
 
 # %% ../../nbs/02a_plans.ipynb #5e2b8d47
+def _hybrid_fe() -> Rule:
+    "The hybrids' rule at FE: the relation model's decoder layers at the first entity (the default graft form)."
+    return Rule("relation", ["first_actor"], components=GRAFT_FORM)
+
+
 def _hybrid_floor() -> PaperPlan:
-    "`hybrid:FE`: the relation model at FE alone (all components), nothing at LT: the floor of the hybrid plans."
-    return PaperPlan(
-        "hybrid:FE",
-        "task",
-        [Rule("relation", ["first_actor"])],
-        position="FE",
-        variant="hybrid",
-        label="FE (all)",
-    )
+    "`hybrid:FE`: the relation model at FE alone (its layers), nothing at LT: the floor of the hybrid plans."
+    return PaperPlan("hybrid:FE", "task", [_hybrid_fe()], position="FE", variant="hybrid", label="FE (layers)")
 
 
 def hybrid_plans() -> list[PaperPlan]:
-    "Figure 3's hybrid panel: the relation model at FE (all components) plus a component set at the last token."
+    "Figure 3's hybrid panel: the relation model at FE (its layers) plus a component set at the last token."
     return [*_component_references(), _hybrid_floor()] + [
         PaperPlan(
             f"hybrid:LT:{c}@{lg}",
             "task",
-            [Rule("relation", ["first_actor"]), Rule("relation", ["last_token"], lg, comps)],
+            [_hybrid_fe(), Rule("relation", ["last_token"], lg, comps)],
             figures=("components",),
             position="LT",
             component_set=c,
@@ -353,6 +391,49 @@ def hybrid_plans() -> list[PaperPlan]:
         )
         for c, comps, lg in _component_cells()
     ]
+
+
+def paper_hybrid_plans() -> list[PaperPlan]:
+    """The paper's hybrid, task attention + relation FFN: on the task model, the relation model's FFNs at FE and LT
+    (`FE+LT:ffn@all`; attention stays the task model's at both), and the same with the relation O at LT as well."""
+    fe_lt, ffn = POSITION_SETS["FE+LT"][0], COMPONENT_SETS["ffn"]
+    plan = lambda name, rules, label: PaperPlan(
+        name,
+        "task",
+        rules,
+        position="FE+LT",
+        component_set="ffn",
+        layer_group="all",
+        variant="paper hybrid",
+        label=label,
+    )
+    return [
+        *_component_references(),
+        plan("FE+LT:ffn@all", [Rule("relation", fe_lt, "all", ffn)], "FFN at FE+LT"),
+        plan(
+            "FE+LT:ffn@all+LT:o@all",
+            [Rule("relation", fe_lt, "all", ffn), Rule("relation", ["last_token"], "all", COMPONENT_SETS["o"])],
+            "FFN at FE+LT, O at LT",
+        ),
+    ]
+
+
+def final_layer_plans() -> list[PaperPlan]:
+    """The last-token graft over the last half of the layers, with the head (`LT:attn+ffn@last_half+LT:head@all`):
+    beside `LT:attn+ffn+head@all`, whether the final layers carry recall in the `+head` form too."""
+    rules = [
+        Rule("relation", ["last_token"], "last_half", ["attn", "ffn"]),
+        Rule("relation", ["last_token"], "all", ["lm_head"]),
+    ]
+    late = PaperPlan(
+        "LT:attn+ffn@last_half+LT:head@all",
+        "task",
+        rules,
+        position="LT",
+        component_set="attn+ffn+head",
+        layer_group="last_half",
+    )
+    return [*_component_references(), late]
 
 
 def depth_plans() -> list[PaperPlan]:
@@ -425,10 +506,14 @@ def parse_method_plan(name: str) -> GraftPlan | None:
 
 FAMILIES = {
     "position": position_plans,
+    "forms": form_plans,
+    "main_forms": main_form_plans,
     "reverse": reverse_plans,
     "necessity": necessity_plans,
     "components": component_plans,
     "hybrid": hybrid_plans,
+    "paper_hybrid": paper_hybrid_plans,
+    "final_layers": final_layer_plans,
     "methods": method_plans,
     "depth": depth_plans,
 }
@@ -622,6 +707,13 @@ def resolve_plans(plans, roles, where: str, provider: str = "this stage") -> lis
     if twice := sorted(n for n, k in Counter(map(_plan_name, plans)).items() if k > 1):
         raise ValueError(f"{where}: plan name(s) {twice} appear more than once: give every plan its own name.")
     return plans
+
+
+def plans_digest(plans) -> str:
+    """A digest of what `plans` (names, groups, plan files, dicts, plans) graft: their definitions, not their names, so
+    a plan whose meaning changes makes a new grafting run (a depth family at a nominal depth of 4 layers)."""
+    defs = [plan_data(get_plan(p)) for p in expand_plans(spell_out(plans), 4)]
+    return hashlib.sha256(json.dumps(defs, sort_keys=True).encode()).hexdigest()[:16]
 
 # %% ../../nbs/02a_plans.ipynb #d5a7e3c1
 def ties_head(model) -> bool:

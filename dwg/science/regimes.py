@@ -6,12 +6,12 @@
 from __future__ import annotations
 import re
 import pandas as pd
-from .claims import REGIONS, claim_numbers, claims_of, fact_scores, format_claim
+from .claims import REGIONS, claim_numbers, claims_of, fact_scores, format_claim, verdict_number
 from .tables import plan_infos
 
 # %% auto #0
 __all__ = ['REGIME_CLAIM_COLUMNS', 'HEAD_FROZEN', 'SUMMARY_COLUMNS', 'regime_label', 'regime_labels', 'cell_keys', 'regime_cells',
-           'learned_table', 'grafts_head', 'frozen_heads', 'regime_claims', 'verdict_regions', 'classify',
+           'learned_table', 'grafts_head', 'frozen_heads', 'cell_level', 'regime_claims', 'verdict_regions', 'classify',
            'cell_labels', 'cell_learns', 'regime_summary', 'head_claims', 'head_table']
 
 # %% ../../nbs/06g_regimes.ipynb #e9000007
@@ -116,9 +116,11 @@ REGIME_CLAIM_COLUMNS = [
     "regime",
     "dataset",
     "claim",
+    "form",
     "value",
     "lo",
     "hi",
+    "reads",
     "ours",
     "verdict",
     "seeds",
@@ -129,16 +131,18 @@ REGIME_CLAIM_COLUMNS = [
 
 
 def _claim_cell(c, nums: dict, regime, dataset) -> dict:
-    "One claim's row in one cell, from its `claim_numbers`."
-    value, lo, hi = nums["ours"]
+    "One claim's row in one cell, from its `claim_numbers`: value, lo, hi of the number its verdict reads."
+    read = verdict_number(nums)
     shown = format_claim(c, nums)
     return dict(
         regime=regime,
         dataset=dataset,
         claim=c.claim,
-        value=float(value),
-        lo=float(lo),
-        hi=float(hi),
+        form=c.form,
+        value=float(read.value),
+        lo=float(read.lo),
+        hi=float(read.hi),
+        reads=shown["verdict reads"],
         ours=shown["ours"],
         verdict=shown["verdict"],
         seeds=shown["seeds"],
@@ -167,24 +171,33 @@ def frozen_heads(regimes: dict | None) -> set:
     return {name for name, settings in (regimes or {}).items() if (settings or {}).get("freeze_unembeddings")}
 
 
+def cell_level(n_cells: int, family: float = 0.95) -> float:
+    "The coverage of each of `n_cells` intervals that keeps `family` for all of them at once (Bonferroni)."
+    return 1 - (1 - family) / max(n_cells, 1)
+
+
 def regime_claims(
-    df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 1000, seed: int = 0, frozen_head=()
+    df: pd.DataFrame, claims=None, k: int = 5, n_boot: int = 4000, seed: int = 0, frozen_head=(), level=None
 ) -> pd.DataFrame:
-    """Every claim in every regime cell, prompts pooled: value, lo, hi, ours [95%], verdict as `claims_table` has them;
-    in the regimes of `frozen_head` the claims that graft the head get no verdict (`HEAD_FROZEN`)."""
+    """Every claim in every regime cell, prompts pooled: value, lo, hi (of the number the verdict reads), ours, verdict;
+    each cell's intervals at `level` (default: Bonferroni over the cells, `cell_level`, so that all cells' intervals
+    hold together at 95%; `n_boot` large enough for those tails); in the regimes of `frozen_head` the claims that graft
+    the head get no verdict (`HEAD_FROZEN`)."""
     claims, path, sha = claims_of(claims)
     heads = {c.claim for c in claims if grafts_head(c)} if frozen_head else set()
+    cells = regime_cells(df)
+    level = cell_level(len(cells)) if level is None else level
     rows = []
-    for (regime, dataset), cell in regime_cells(df).items():
+    for (regime, dataset), cell in cells.items():
         m = fact_scores(cell, k)
-        got = ((c, claim_numbers(c, m, k, n_boot, seed)) for c in claims)
+        got = ((c, claim_numbers(c, m, k, n_boot, seed, level)) for c in claims)
         for c, nums in got:
             if nums is None:
                 continue
             row = _claim_cell(c, nums, regime, dataset)
             rows.append(dict(row, verdict=HEAD_FROZEN) if regime in frozen_head and c.claim in heads else row)
     out = pd.DataFrame(rows, columns=REGIME_CLAIM_COLUMNS)
-    out.attrs.update(claims_file=path, claims_sha256=sha)
+    out.attrs.update(claims_file=path, claims_sha256=sha, level=level, n_boot=n_boot)
     return out
 
 # %% ../../nbs/06g_regimes.ipynb #e900001c
@@ -223,20 +236,19 @@ def _which_way(verdicts: dict) -> str:
 
 
 def classify(cells: dict) -> tuple[str, str]:
-    """(class, detail) of a claim over the cells that learn (`cells`: cell -> verdict), intersecting the regions of
-    the cells with a verdict: fewer than two `too few regimes`; {does not} `fails`; no cell decided `undecided`; other
-    non-empty `stable`; empty `regime-dependent`."""
+    """(class, detail) of a claim over the cells that learn (`cells`: cell -> verdict): `regime-dependent` when two
+    cells decide differently; `too few regimes` when fewer than two decide; `stable` (X) when they all decide X and no
+    inconclusive cell excludes X (`fails` when X is `does not`); else `undecided`."""
     regions = {cell: r for cell, v in cells.items() if (r := verdict_regions(v)) is not None}
-    if len(regions) < 2:
-        return "too few regimes", f"{len(regions)} of {len(cells)} learning cell(s) with a verdict"
-    common = frozenset.intersection(*regions.values())
-    if common == {"does not"}:
-        return "fails", "does not"
-    if not any(len(r) == 1 for r in regions.values()):
-        return "undecided", _either(common)
-    if common:
-        return "stable", _either(common)
-    return "regime-dependent", _which_way({cell: cells[cell] for cell in regions})
+    decided = {cell: next(iter(r)) for cell, r in regions.items() if len(r) == 1}
+    if len(set(decided.values())) > 1:
+        return "regime-dependent", _which_way({cell: cells[cell] for cell in regions})
+    if len(decided) < 2:
+        return "too few regimes", f"{len(decided)} of {len(cells)} learning cell(s) decide"
+    x = next(iter(decided.values()))
+    if any(x not in r for r in regions.values()):
+        return "undecided", _which_way({cell: cells[cell] for cell in regions})
+    return ("fails", "does not") if x == "does not" else ("stable", x)
 
 # %% ../../nbs/06g_regimes.ipynb #e9000024
 def _regime_text(regime, labels: dict) -> str:

@@ -14,6 +14,7 @@ from ..runs import reusing_freed_memory, write_jsonl, write_run_record
 from .data import has_reversal_prompts
 from .evaluate import evaluate_plans, select_examples
 from .models import load
+from .readout import write_readouts
 from dwg.science.plans import (
     Rule,
     check_plan_roles,
@@ -153,11 +154,13 @@ def run_grafting(
     config: dict | None = None,
     model_name: str | None = None,
     reversal_plans=(),
+    readouts: bool = False,
 ):
     """Score `plans` on a dataset's evaluation prompts with `models` (role -> name, path or (model, tokenizer)); write
     results + run record, `train_seed` and `train_regime` (how the models were trained) on every row.
     `reversal_plans` (among `plans`) are also scored on the reversal (B2A) prompts; `generate`: True, False, or the
-    plans and groups that decode names."""
+    plans and groups that decode names; `readouts`: also write the stage's logit lens and head readouts
+    (`dwg.science.readout.write_readouts`) beside the results."""
     started = time.time()
     need = sorted({r for p in expand_plans(plans, 4) for r in get_plan(p).roles} - set(models))
     if need:
@@ -196,6 +199,10 @@ def run_grafting(
             train_seed=train_seed,
             train_regime=train_regime,
             reversal_plans=list(reversal_plans),
+            readouts=readouts,
         )
+        if readouts:
+            stamp = dict(model=model_name, dataset=kind, train_seed=train_seed, train_regime=train_regime)
+            write_readouts(experiment, bound, tok, examples, out_dir, batch_size, stamp)
         _write_run(out_dir, rows, config or own, started, len(examples))
     return pd.DataFrame(rows)

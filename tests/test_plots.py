@@ -120,7 +120,7 @@ def test_other_chart_specs(results):
     d3 = charts.component_chart(results, n_boot=50).to_dict()
     assert d3["facet"]["row"]["field"] == "panel" and d3["facet"]["column"]["field"] == "variant"
     assert _layers(d3)[0]["encoding"]["xOffset"]["field"] == "layers"
-    assert _layers(d3)[2]["encoding"]["strokeDash"]["sort"] == ["TASK", "RELATION", "FE+LT (all)"]
+    assert _layers(d3)[2]["encoding"]["strokeDash"]["sort"] == ["TASK", "RELATION", "FE+LT (layers)"]
     d4 = charts.depth_heatmap(results, n_boot=50).to_dict()
     assert [_mark(l) for l in _layers(d4)] == ["rect", "text"]
     assert d4["facet"]["column"]["field"] == "position"

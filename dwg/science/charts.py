@@ -279,7 +279,7 @@ def generation_chart(
     )
 
 # %% ../../nbs/06d_charts.ipynb #b35f6b33
-VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "FE (all components) + LT"}
+VARIANT_LABELS = {None: "relation → task at LT", "hybrid": "relation layers at FE + LT"}
 
 
 def _component_rows(acc: pd.DataFrame, refs) -> pd.DataFrame:

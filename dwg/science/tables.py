@@ -9,13 +9,21 @@ from fnmatch import fnmatch
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from .plans import GraftPlan, figure_order, figure_references, paper_plans, parse_method_plan
+from dwg.science.plans import (
+    MAIN_FORMS,
+    NECESSITY_POSITIONS,
+    GraftPlan,
+    figure_order,
+    figure_references,
+    paper_plans,
+    parse_method_plan,
+)
 from ..runs import read_jsonl, run_integrity
 
 # %% auto #0
 __all__ = ['POOLED', 'RESULT_COLUMNS', 'plan_info', 'plan_infos', 'component_label', 'layer_label', 'plan_label', 'metric_names',
            'bootstrap_interval', 'accuracy_table', 'short_label', 'summary_table', 'markdown_table', 'run_keys',
-           'label_runs', 'runs_with_plans', 'load_runs', 'paper_tables', 'report_tables']
+           'label_runs', 'runs_with_plans', 'load_runs', 'paper_tables', 'form_order', 'report_tables']
 
 # %% ../../nbs/06_tables.ipynb #53974783
 _ORDINAL_LABELS = {"first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th"}
@@ -309,8 +317,15 @@ def paper_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0
     )
 
 
+def form_order() -> list[str]:
+    "The graft-form table's plans: PRE, SFT, FE, LT, FE+LT, (FE+LT)^C in the default and the main forms, necessity."
+    forms = [f"{name}{suffix}" for name in NECESSITY_POSITIONS for suffix in ["", *(f":{f}" for f in MAIN_FORMS)]]
+    return ["PRE", "SFT", *forms, *(f"pre->sft:{name}" for name in NECESSITY_POSITIONS)]
+
+
 def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> dict[str, pd.DataFrame]:
-    "The tables behind figures 1 (position plans) and 3 (component plans at LT), prompts pooled, in wide form."
+    """The tables behind figures 1 (position plans) and 3 (component plans at LT), and the graft forms (`form_order`,
+    where the runs have more than the default form), prompts pooled, in wide form."""
     acc = df if "accuracy" in df else paper_tables(df, k, n_boot, seed)["pooled"]
     if "template" in acc and acc.template.nunique() > 1:
         raise ValueError("report_tables wants prompts pooled: pass raw results or paper_tables(...)['pooled'].")
@@ -321,10 +336,11 @@ def report_tables(df: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 
     for name, plans, held in [
         ("positions", figure_order("positions"), figure_references("positions")),
         ("components", comp, comp_refs),
+        ("forms", form_order(), ["PRE", "SFT"]),
     ]:
         # the runs that have the table's own plans (another stage's PRE/SFT is not one)
         a = acc[acc.plan.isin(plans)]
         a = runs_with_plans(label_runs(a), plans, held).drop(columns="run") if len(a) else a
-        if len(a):
+        if len(a) and (name != "forms" or a.plan.str.endswith(tuple(f":{f}" for f in MAIN_FORMS)).any()):
             out[name] = summary_table(a, [p for p in plans if p in set(a.plan)])
     return out

@@ -189,6 +189,7 @@ def test_figures_notebook(tmp_path, results):
         "recovery.csv",
         "claims.csv",
         "chance.csv",
+        "shapley.csv",  # the results have TASK, RELATION and the LT plans with and without the head
         "tables.md",
         "report.html",
         "run.json",

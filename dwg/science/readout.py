@@ -155,17 +155,14 @@ def head_gain(plan_name: str, readouts: list[Readout], base, donor, others: list
         rows.append(_row(plan_name, r, own_gain=float(gain[r.target_id]), others_gain=rest))
     return pd.DataFrame(rows)
 
-# %% ../../nbs/03e_readout.ipynb #6221347d
-READOUTS = {  # a grafting stage's readouts: its base and donor roles, the plans read by the lens, the head-rows plan
+# %% ../../nbs/03e_readout.ipynb #49c07501
+# a grafting stage's readouts: its base and donor roles, the plans read by the lens, the head-rows plan. A plan that
+# adds only the head leaves the residual as it was: its lens is its plan's without the head, read by the donor's head
+READOUTS = {
     "components": dict(
-        base="task",
-        donor="relation",
-        lens=["TASK", "RELATION", "LT:attn+ffn@all", "LT:attn+ffn+head@all"],
-        head="LT:attn+ffn@all",
+        base="task", donor="relation", lens=["TASK", "RELATION", "LT:attn+ffn@all"], head="LT:attn+ffn@all"
     ),
-    "positions": dict(
-        base="pretrained", donor="finetuned", lens=["PRE", "SFT", "LT", "LT:attn+ffn+norms+head"], head="LT"
-    ),
+    "positions": dict(base="pretrained", donor="finetuned", lens=["PRE", "SFT", "LT"], head="LT"),
 }
 READOUT_FILES = ("lens.csv", "head_rows.csv", "head_gain.csv")
 

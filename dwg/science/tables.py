@@ -195,7 +195,7 @@ def summary_table(acc: pd.DataFrame, plans=None, digits: int = 2) -> pd.DataFram
         ],
     )
     wide = a.pivot_table(index=keys + ["_o", "plan"], columns="metric", values="value", aggfunc="first", sort=False)
-    wide = wide[[m for m in a.metric.unique()]]
+    wide = wide[[m for m in a.metric.unique()]].fillna("")  # a metric a plan lacks (exact match: no generation)
     wide["facts"] = a.groupby(keys + ["_o", "plan"], sort=False)["n_facts"].max()
     wide["skipped"] = a.groupby(keys + ["_o", "plan"], sort=False)["n_skipped"].max()
     wide = wide.reset_index().sort_values(keys + ["_o"], kind="stable").drop(columns="_o")

@@ -353,6 +353,7 @@ def format_claim(c: Claim, nums: dict, prompts: str = "all") -> dict:
         "floor-corrected": _floored(c, nums),
         "chance-corrected": _chance_corrected(nums),
         "verdict reads": "floor-corrected" if "floored" in nums else "raw",
+        "verdict's number": _fmt(*read[:3]),
         "undefined": read.undefined,
         "seeds": nums["seeds"],
         "facts": nums["facts"],
@@ -379,6 +380,7 @@ CLAIM_COLUMNS = [
     "floor-corrected",
     "chance-corrected",
     "verdict reads",
+    "verdict's number",
     "undefined",
     "seeds",
     "facts",
@@ -413,11 +415,6 @@ def claims_table(
     return out
 
 # %% ../../nbs/06c_claims.ipynb #csum0002
-def _read_number(row) -> str:
-    "The number a claims-table row's verdict reads, as shown: the floor-corrected one (without its floor) or the raw."
-    return row["floor-corrected"].rsplit(" over ", 1)[0] if row["verdict reads"] == "floor-corrected" else row["ours"]
-
-
 def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
     "One row per claim and form of a `claims_table`, the prompts pooled: the number the verdict reads, raw, verdict."
     d = claims[claims["prompts"] == "all"]
@@ -425,7 +422,7 @@ def claims_summary(claims: pd.DataFrame) -> pd.DataFrame:
         {
             "claim": d["claim"],
             "form": d["form"],
-            "ours (the verdict's number)": [_read_number(r) for _, r in d.iterrows()],
+            "ours (the verdict's number)": d["verdict's number"],
             "reads": d["verdict reads"],
             "raw": d["ours"],
             "chance-corrected": d["chance-corrected"],

@@ -93,25 +93,15 @@ def shapley_shown(split: pd.DataFrame) -> pd.DataFrame:
 
 def head_rows_table(rows: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     "Per row set of the head graft (`dwg.science.readout.HEAD_ROWS`): top-`k` and mean log-probability [95%]."
-    if rows.empty:
-        return pd.DataFrame()
-    m = fact_scores(rows.assign(plan=rows["plan"] + " | " + rows["rows"]), k)
     out = []
-    for key in dict.fromkeys(rows["plan"] + " | " + rows["rows"]):
-        sub = m[[("hit", key), ("lp", key)]].dropna()
-        got = bootstrap_stats(
-            sub, dict(hit=lambda s: s["hit"][key].mean(), lp=lambda s: s["lp"][key].mean()), n_boot, seed
-        )
-        plan, row_set = key.split(" | ")
-        out.append(
-            {
-                "plan": plan,
-                "head rows": row_set,
-                f"top-{k}": _interval_cell(got["hit"]),
-                "mean log-prob": _interval_cell(got["lp"]),
-                **_counts(sub),
-            }
-        )
+    for plan, of_plan in rows.groupby("plan", sort=False) if len(rows) else []:
+        m = fact_scores(of_plan.assign(plan=of_plan["rows"]), k)  # each row set scored as a plan of its own
+        for row_set in dict.fromkeys(of_plan["rows"]):
+            sub = m[[("hit", row_set), ("lp", row_set)]].dropna()
+            stats = dict(hit=lambda s: s["hit"][row_set].mean(), lp=lambda s: s["lp"][row_set].mean())
+            got = bootstrap_stats(sub, stats, n_boot, seed)
+            cells = {f"top-{k}": _interval_cell(got["hit"]), "mean log-prob": _interval_cell(got["lp"])}
+            out.append({"plan": plan, "head rows": row_set, **cells, **_counts(sub)})
     return pd.DataFrame(out)
 
 

@@ -76,7 +76,7 @@ byte_compile() {
   "$py" -m compileall -qq -j 0 -x "$skip" "$lib" || true
 }
 
-PREPARE="from dwg.science.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
+PREPARE="from dwg.science.facts.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
 
 compile_job() {
   # the .pyc files of what the main job imports (a third of the venv), written by importing it in two processes, one
@@ -84,11 +84,11 @@ compile_job() {
   # The first process also prepares the embedded model. tests/test_structure.py checks that these imports cover what the
   # main job's notebooks' import statements load
   local py=$1 pid
-  env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.evaluate
+  env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 "$py" -c "import dwg.pipeline.train, dwg.science.scoring.evaluate
 import transformers.generation, transformers.models.llama.modeling_llama, safetensors.torch
 $PREPARE" & pid=$!
-  env -u PYTHONDONTWRITEBYTECODE "$py" -c "import dwg.pipeline.cli, dwg.science.recovery_charts, dwg.science.claims
-import dwg.science.custom, faker, papermill, nbclient, ipykernel.kernelapp, vl_convert"
+  env -u PYTHONDONTWRITEBYTECODE "$py" -c "import dwg.pipeline.cli, dwg.science.pictures.recovery_charts, dwg.science.verdicts.claims
+import dwg.science.facts.custom, faker, papermill, nbclient, ipykernel.kernelapp, vl_convert"
   wait "$pid"
 }
 

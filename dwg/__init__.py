@@ -20,40 +20,40 @@ _API = {  # public name -> the module that defines it
     "architecture": "engine.arch",
     "graftable": "engine.graft",
     "Grid": "engine.interpolate",
-    "load": "science.models",
-    "available": "science.models",
-    "prepare_embedded": "science.models",
-    "create_dataset": "science.data",
-    "load_split": "science.data",
-    "create_custom_dataset": "science.custom",
-    "example_files": "science.custom",
-    "GraftPlan": "science.plans",
-    "Rule": "science.plans",
-    "get_plan": "science.plans",
-    "save_plan": "science.plans",
-    "paper_plans": "science.plans",
-    "plan_groups": "science.plans",
-    "evaluate_plans": "science.evaluate",
-    "summarize": "science.evaluate",
-    "run_grafting": "science.run",
-    "attribute": "science.localize",
-    "search": "science.localize",
-    "scan": "science.localize",
-    "cells_plan": "science.localize",
-    "recovery_table": "science.recovery",
-    "accuracy_table": "science.tables",
-    "load_runs": "science.tables",
-    "claims_table": "science.claims",
-    "chance_table": "science.claims",
-    "load_claims": "science.claims_file",
-    "paper_figures": "science.charts",
-    "position_chart": "science.charts",
-    "component_chart": "science.charts",
+    "load": "science.facts.models",
+    "available": "science.facts.models",
+    "prepare_embedded": "science.facts.models",
+    "create_dataset": "science.facts.data",
+    "load_split": "science.facts.data",
+    "create_custom_dataset": "science.facts.custom",
+    "example_files": "science.facts.custom",
+    "GraftPlan": "science.scoring.plans",
+    "Rule": "science.scoring.plans",
+    "get_plan": "science.scoring.plans",
+    "save_plan": "science.scoring.plans",
+    "paper_plans": "science.scoring.plans",
+    "plan_groups": "science.scoring.plans",
+    "evaluate_plans": "science.scoring.evaluate",
+    "summarize": "science.scoring.evaluate",
+    "run_grafting": "science.scoring.grafting",
+    "attribute": "science.scoring.localize",
+    "search": "science.scoring.localize",
+    "scan": "science.scoring.localize",
+    "cells_plan": "science.scoring.localize",
+    "recovery_table": "science.scoring.recovery",
+    "accuracy_table": "science.scoring.tables",
+    "load_runs": "science.scoring.tables",
+    "claims_table": "science.verdicts.claims",
+    "chance_table": "science.verdicts.chance",
+    "load_claims": "science.verdicts.claims_file",
+    "paper_figures": "science.pictures.charts",
+    "position_chart": "science.pictures.charts",
+    "component_chart": "science.pictures.charts",
     "load_sweep": "pipeline.sweep_checks",
 }
 __all__ = sorted(_API)
 _EXTRAS = {"altair": "plots", "vl_convert": "plots", "papermill": "pipeline", "faker": "paper"}
-_NEEDS = {"science.charts": "altair"}  # modules that import an extra at once
+_NEEDS = {"science.pictures.charts": "altair"}  # modules that import an extra at once
 
 # %% ../nbs/00_api.ipynb #f62dcc2e
 def __getattr__(name: str):
@@ -84,3 +84,8 @@ def _installed(name: str) -> bool:
 def __dir__() -> list[str]:
     "The module's names and every public name that loads with what is installed (so `help(dwg)` works on the core)."
     return sorted({*globals(), *(n for n in __all__ if _installed(n))})
+
+# %% ../nbs/00_api.ipynb #a1b2c3d5
+from .pipeline.log import log_to_stderr as _log_to_stderr
+
+_log_to_stderr()

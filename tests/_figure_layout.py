@@ -1,7 +1,7 @@
 """What a reader sees of an altair chart: its rendered scene (Vega's own layout, via vl-convert), read back as panels.
 
-A test-only inspector that does not reuse dwg.science.charts: it asks Vega where every bar, rule and axis label landed
-and checks the picture a reader gets (bars inside their category's band, labels in order, reference rules drawn).
+A test-only inspector that does not reuse dwg.science.pictures.charts: it asks Vega where every bar, rule and axis label
+landed and checks the picture a reader gets (bars inside their category's band, labels in order, reference rules drawn).
 """
 
 from __future__ import annotations

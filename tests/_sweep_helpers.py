@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 import yaml
-from dwg.runs import read_jsonl
+from dwg.records.files import read_jsonl
 from dwg.pipeline.sweep import read_graph, graph_runs
 from dwg.pipeline.run_dirs import run_paths
 from dwg.dev.testing import standin_notebooks

@@ -12,8 +12,8 @@ import torch
 from dwg.dev.coverage import check_family, tiny_random, perturbed, reference_last_logits
 from dwg.engine.graft import graft, resolve_components
 from dwg.engine.arch import architecture
-from dwg.science.evaluate import SharedPrefix, first_grafted_layer, plan_forward
-from dwg.science.plans import GraftPlan, Rule, get_plan
+from dwg.science.scoring.evaluate import SharedPrefix, first_grafted_layer, plan_forward
+from dwg.science.scoring.plans import GraftPlan, Rule, get_plan
 
 NAMED = [
     "qwen3",

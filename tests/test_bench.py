@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from dwg.dev.bench import main
-from dwg.science.plans import plan_groups
+from dwg.science.scoring.plans import plan_groups
 
 
 def test_benchmark_runs_and_engine_matches_original(tmp_path):

@@ -5,7 +5,7 @@ them independently within each seed (a nested design) does not. Synthetic data, 
 import time
 import numpy as np
 import pandas as pd
-from dwg.science.claims import bootstrap_stat
+from dwg.science.scoring.scores import bootstrap_stat
 
 SEEDS, FACTS = 5, 15
 SD_FACT, SD_SEED, SD_NOISE = 1.0, 0.3, 0.5  # a fact effect shared across seeds, a seed effect, and noise per cell

@@ -1,4 +1,4 @@
-"""Your own facts (dwg.science.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files'
+"""Your own facts (dwg.science.facts.custom, kind custom) in sweeps: checked when the sweep loads, ids from the files'
 content, and the smoke graph (tiny model) on the packaged example end to end."""
 
 import shutil
@@ -6,7 +6,7 @@ import pytest
 import yaml
 from dwg.pipeline import sweep as sw
 from dwg.pipeline.sweep_file import sweeps_dir
-from dwg.science.custom import example_files
+from dwg.science.facts.custom import example_files
 from _sweep_helpers import sweep_cli, states, results_table
 
 
@@ -36,7 +36,7 @@ def test_custom_datasets_are_checked_when_the_sweep_loads(tmp_path):
     """A bad facts file, a template name the dataset lacks, or files given to a built-in kind: errors before anything
     runs."""
     good = sw.load_sweep(str(custom_sweep(tmp_path)))
-    assert good["datasets"]["ceos"]["facts"] == str((tmp_path / "data" / "facts.csv").resolve())
+    assert good.datasets["ceos"]["facts"] == str((tmp_path / "data" / "facts.csv").resolve())
     bad = custom_sweep(tmp_path / "b", facts="company,ceo,industry,city,year\nAcme,Jo Bo,x,y,1\nAcme,Al Ma,x,y,2\n")
     with pytest.raises(sw.SweepError, match=r"datasets.ceos: .*facts.csv, line 3: company 'Acme' is already on line 2"):
         sw.load_sweep(str(bad))
@@ -108,8 +108,8 @@ def _drugs(tmp_path):
             )
         )
     )
-    from dwg.science.custom import create_custom_dataset
-    from dwg.science.data import load_split
+    from dwg.science.facts.custom import create_custom_dataset
+    from dwg.science.facts.data import load_split
 
     out = create_custom_dataset(facts, templates, tmp_path / "ds", task_fraction=0.5)
     return load_split(out, "eval")
@@ -121,9 +121,9 @@ def test_a_plan_grafts_at_a_custom_field(tmp_path):
     import torch
     from dwg.engine.graft import graft
     from dwg.engine.prompts import last_logits, prepare
-    from dwg.science.evaluate import evaluate_plans, rule_masks
-    from dwg.science.models import load
-    from dwg.science.plans import GraftPlan, Rule
+    from dwg.science.scoring.evaluate import evaluate_plans, rule_masks
+    from dwg.science.facts.models import load
+    from dwg.science.scoring.plans import GraftPlan, Rule
 
     examples = _drugs(tmp_path)
     base, tok = load("tiny-llama")
@@ -141,14 +141,14 @@ def test_a_plan_grafts_at_a_custom_field(tmp_path):
         )
         a = e["prompt"].index(fact_maker)
         b = a + len(fact_maker)
-        for j, (s, t) in enumerate(prep["offsets"][i]):
+        for j, (s, t) in enumerate(prep.offsets[i]):
             if s < b and t > a and t > s:
-                hand[i, prep["pads"][i] + j] = True
+                hand[i, prep.pads[i] + j] = True
     assert torch.equal(mask, hand) and hand.sum() >= 2 * len(examples)
     with graft(base, donor, mask):
-        by_plan = last_logits(base, prep["batch"])
+        by_plan = last_logits(base, prep.batch)
     with graft(base, donor, hand):
-        by_hand = last_logits(base, prep["batch"])
+        by_hand = last_logits(base, prep.batch)
     assert torch.equal(by_plan, by_hand)
     rows = evaluate_plans([plan], dict(pretrained=base, finetuned=donor), tok, examples, progress=False)
     assert len(rows) == len(examples) and not any(r["skipped"] for r in rows)

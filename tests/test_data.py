@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 import pytest
 from dwg.engine import prompts
-from dwg.science import data, models
+from dwg.science.facts import data, models
 
 SIZES = {
     "fake_movies_fake_actors": 24,

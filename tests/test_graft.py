@@ -5,10 +5,10 @@ import random
 from contextlib import ExitStack
 import pytest
 import torch
-from dwg.science.models import load, TINY_MODELS
+from dwg.science.facts.models import load, TINY_MODELS
 from dwg.engine.graft import graft, graftable, resolve_components, check_compatible
 from dwg.dev.coverage import reference_last_logits
-from dwg.science.evaluate import encode, last_logits
+from dwg.science.scoring.evaluate import encode, last_logits
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
 
@@ -54,15 +54,15 @@ def _assert_same(got_logits, want_logits, what=""):
 def _engine(rec, tok, grafts):
     "Batched, left-padded engine logits at the last position, with nested grafts (masks given per unpadded prompt)."
     enc = encode(tok, PROMPTS)
-    ids = enc["batch"]["input_ids"]
+    ids = enc.batch["input_ids"]
     with torch.no_grad():
         with ExitStack() as stack:
             for don, masks, layers, comps in grafts:
                 full = torch.zeros_like(ids, dtype=torch.bool)
-                for i, (m, pad) in enumerate(zip(masks, enc["pads"])):
+                for i, (m, pad) in enumerate(zip(masks, enc.pads)):
                     full[i, pad:] = m
                 stack.enter_context(graft(rec, don, full, layers=layers, components=comps))
-            return last_logits(rec, enc["batch"])
+            return last_logits(rec, enc.batch)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -112,13 +112,13 @@ def test_nested_grafts_innermost_wins(pair):
 def test_graft_all_everywhere_is_donor_and_nothing_is_recipient(pair):
     rec, don, tok = pair
     enc = encode(tok, PROMPTS)
-    ids = enc["batch"]["input_ids"]
+    ids = enc.batch["input_ids"]
     with torch.no_grad():
-        plain, donor = last_logits(rec, enc["batch"]), last_logits(don, enc["batch"])
+        plain, donor = last_logits(rec, enc.batch), last_logits(don, enc.batch)
         with graft(rec, don, torch.ones_like(ids, dtype=torch.bool)):
-            everywhere = last_logits(rec, enc["batch"])
+            everywhere = last_logits(rec, enc.batch)
         with graft(rec, don, torch.zeros_like(ids, dtype=torch.bool)):
-            nowhere = last_logits(rec, enc["batch"])
+            nowhere = last_logits(rec, enc.batch)
     assert (everywhere - donor).abs().max() < 1e-4
     assert torch.equal(nowhere, plain)
     assert (plain - donor).abs().max() > 1e-3  # the test can fail: the models do differ
@@ -129,8 +129,8 @@ def test_recipient_never_modified_and_hooks_removed(pair):
     before = {k: v.clone() for k, v in rec.state_dict().items()}
     enc = encode(tok, PROMPTS)
     with pytest.raises(RuntimeError):
-        with graft(rec, don, torch.ones_like(enc["batch"]["input_ids"], dtype=torch.bool)):
-            last_logits(rec, enc["batch"])
+        with graft(rec, don, torch.ones_like(enc.batch["input_ids"], dtype=torch.bool)):
+            last_logits(rec, enc.batch)
             raise RuntimeError("boom")
     assert all(torch.equal(v, rec.state_dict()[k]) for k, v in before.items())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in rec.modules())

@@ -1,4 +1,4 @@
-"""dwg.science.localize in the sweep: the `localize` stage and profile (the core is tested in
+"""dwg.science.scoring.localize in the sweep: the `localize` stage and profile (the core is tested in
 nbs/03a_localize.ipynb)."""
 
 import pytest
@@ -56,7 +56,7 @@ def test_localize_notebook_runs(tmp_path, monkeypatch):
     import papermill as pm
 
     monkeypatch.setenv("IN_TEST", "1")  # the kernel removes its demo dataset's temporary directory when it exits
-    from dwg.science.plans import get_plan
+    from dwg.science.scoring.plans import get_plan
 
     nb = sw.default_notebooks_dir() / "localize.ipynb"
     out = tmp_path / "run"

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from dwg.science.models import load, TINY_MODELS, EMBEDDED
+from dwg.science.facts.models import load, TINY_MODELS, EMBEDDED
 from dwg.engine.graft import graft, graftable
-from dwg.science.evaluate import encode, last_logits
+from dwg.science.scoring.evaluate import encode, last_logits
 from dwg.engine.lora import as_donor, read_adapter
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H I J", "Hi there"]
@@ -36,11 +36,11 @@ def _peft(rec, seed=0, gain=20.0, **kw):
 def _logits(rec, tok, donor, masks, layers="all", components="all"):
     "Left-padded batch logits at the last position with `donor` grafted at `masks` (one per unpadded prompt)."
     enc = encode(tok, PROMPTS)
-    full = torch.zeros_like(enc["batch"]["input_ids"], dtype=torch.bool)
-    for i, (m, pad) in enumerate(zip(masks, enc["pads"])):
+    full = torch.zeros_like(enc.batch["input_ids"], dtype=torch.bool)
+    for i, (m, pad) in enumerate(zip(masks, enc.pads)):
         full[i, pad:] = m
     with torch.no_grad(), graft(rec, donor, full, layers=layers, components=components):
-        return last_logits(rec, enc["batch"])
+        return last_logits(rec, enc.batch)
 
 
 def _assert_same(got, want, what=""):
@@ -140,7 +140,7 @@ def test_patch_refuses_an_adapter_with_the_fix(tmp_path):
     pm, _ = _peft(rec)
     pm.save_pretrained(tmp_path)
     for donor in (pm, str(tmp_path)):
-        with pytest.raises(ValueError, match=r"dwg.science.models.load\(adapter_dir\)"):
+        with pytest.raises(ValueError, match=r"dwg.science.facts.models.load\(adapter_dir\)"):
             patch(rec, donor, torch.ones(1, 3, dtype=torch.bool)).__enter__()
 
 
@@ -149,9 +149,9 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
     (no merged model loaded) and score as grafting peft's merged model does; a reverse plan (the adapter as the base)
     merges."""
     from unittest.mock import patch as mock
-    from dwg.science import run
-    from dwg.science.data import create_dataset
-    from dwg.science.plans import get_plan
+    from dwg.science.scoring import grafting as run
+    from dwg.science.facts.data import create_dataset
+    from dwg.science.scoring.plans import get_plan
 
     rec, tok = load("tiny-llama")
     pm, merged = _peft(rec)
@@ -188,26 +188,25 @@ def test_run_grafting_keeps_a_donor_adapter_light(tmp_path):
 def test_sweep_takes_a_lora_profile_and_its_run_id_follows_the_adapter_settings():
     "The lora sweep trains with the lora profile; its model run id differs from the full fine-tune's and moves with r."
     from dwg.pipeline.sweep import expand, load_sweep
+    from dwg.pipeline.sweep_file import sweep_variant
 
     models = lambda s: {r.label: r.id for r in expand(s) if r.stage == "models"}
     data = lambda s: [r.id for r in expand(s) if r.stage == "datasets"]
     lora, full = models("lora"), models("embedded")
     key = "smollm2-135m:fake30:relation"
     assert lora[key] != full[key] and data("lora") == data("embedded")  # the dataset is shared with runs/embedded
-    s = load_sweep("lora")
-    s["train"]["overrides"] = {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
-    assert models(s)[key] != lora[key]
-    s["train"]["overrides"] = {"lora": {"r": 0}}
+    r8 = {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
+    assert models(sweep_variant("lora", "train.overrides", r8))[key] != lora[key]
     with pytest.raises(ValueError, match="r must be >= 1"):
-        load_sweep({**{k: v for k, v in s.items() if k != "source"}})
+        load_sweep(sweep_variant("lora", "train.overrides", {"lora": {"r": 0}}))
 
 
 def test_localisation_from_a_lora_donor(tmp_path):
     "Attribution with an adapter as donor equals attribution with peft's merged model: values and gradients at 0, at 1,"
     " halfway and with one cell grafted; a cell the adapter leaves alone scores 0."
-    from dwg.science.data import create_dataset, load_split
+    from dwg.science.facts.data import create_dataset, load_split
     from dwg.engine.interpolate import Grid, at_point
-    from dwg.science.localize import Exact
+    from dwg.science.scoring.localize import Exact
     from dwg.dev.localize_bench import benchmark
 
     exs = load_split(create_dataset("fake_movies_fake_actors", n_facts=4, seed=0, out_dir=tmp_path / "ds"), "eval")[:8]

@@ -1,7 +1,7 @@
 import socket
 import pytest
 import torch
-from dwg.science import models
+from dwg.science.facts import models
 
 
 def test_prepare_embedded_is_idempotent():

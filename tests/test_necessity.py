@@ -8,9 +8,9 @@ import math
 import pytest
 
 from dwg import load
-from dwg.science.data import create_dataset, load_split
-from dwg.science.evaluate import evaluate_plans
-from dwg.science.plans import POSITION_SETS, GraftPlan, Rule
+from dwg.science.facts.data import create_dataset, load_split
+from dwg.science.scoring.evaluate import evaluate_plans
+from dwg.science.scoring.plans import POSITION_SETS, GraftPlan, Rule
 
 PAIRS = [
     ("pre->sft:FE:all", "not_FE:all"),

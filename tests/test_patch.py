@@ -8,7 +8,7 @@ import torch
 from nnsight import LanguageModel
 
 from dwg.dev.coverage import REFERENCE_PARAMS
-from dwg.science.models import TINY_MODELS, load
+from dwg.science.facts.models import TINY_MODELS, load
 from dwg.engine.patch import model_sites, patch
 
 PROMPTS = ["Tom Hanks stars in a movie alongside", "Q: Who stars with Ann Lee? A:", "A B C D E F G H", "Hi there"]
@@ -203,11 +203,11 @@ def test_embedded_model_matches_nnsight():
 
 
 def test_patching_plans_run_through_evaluation(tmp_path):
-    """A patching plan scored by dwg.science.evaluate (batched, padded, whole-name generation through the KV cache)
-    equals patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
-    from dwg.science.data import create_dataset, load_split
-    from dwg.science.evaluate import evaluate_plans, target_token_ids
-    from dwg.science.plans import GraftPlan, Rule
+    """A patching plan scored by dwg.science.scoring.evaluate (batched, padded, whole-name generation through the KV
+    cache) equals patching each prompt alone and generating greedily by rerunning the whole sequence at every step."""
+    from dwg.science.facts.data import create_dataset, load_split
+    from dwg.science.scoring.evaluate import evaluate_plans, target_token_ids
+    from dwg.science.scoring.plans import GraftPlan, Rule
 
     rec, tok = load("tiny-llama")
     don, _ = load("tiny-llama", seed=1)

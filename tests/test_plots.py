@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 
 from unittest.mock import patch
-from dwg.science import charts, recovery, recovery_charts
-from dwg.science.tables import accuracy_table, paper_tables, plan_label, report_tables
+from dwg.science.pictures import charts, recovery_charts
+from dwg.science.scoring import recovery
+from dwg.science.scoring.tables import accuracy_table, paper_tables, plan_label, report_tables
 from dwg.pipeline import sweep_file as sweep
 from dwg.dev import testing
-from dwg.science import plans
-from dwg.science.plans import FAMILIES, QUARTERS, PaperPlan, Rule
+from dwg.science.scoring import plans
+from dwg.science.scoring.plans import FAMILIES, QUARTERS, PaperPlan, Rule
 
 NB = Path(__file__).resolve().parents[1] / "dwg" / "experiments" / "figures.ipynb"
 
@@ -269,8 +270,9 @@ def _movie_depth_family():
 
 
 def test_a_new_plan_family_is_one_edit():
-    """Adding a family to dwg.science.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable by the
-    position stage, and a column of the depth figure; nothing in dwg.pipeline.sweep or dwg.science.charts changes."""
+    """Adding a family to dwg.science.scoring.plans.FAMILIES (the one edit) makes it a sweep group, its plans runnable
+    by the position stage, and a column of the depth figure; nothing in dwg.pipeline.sweep or
+    dwg.science.pictures.charts changes."""
     with patch.dict(FAMILIES, movie_depth=_movie_depth_family):
         names = [f"M:ffn@{q}" for q in QUARTERS]
         assert plans.plan_groups()["movie_depth"] == names
@@ -285,7 +287,7 @@ def test_a_new_plan_family_is_one_edit():
 
 # ---- What a reader sees: every figure the sweeps draw, read back from Vega's rendered scene (tests/_figure_layout.py)
 from _figure_layout import scene, misplaced
-from dwg.science import localize_plots
+from dwg.science.pictures import localize_plots
 
 METHOD_PLANS = [p for p in plans.figure_order("methods") if p not in ("PRE", "SFT")]
 

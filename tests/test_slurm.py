@@ -85,9 +85,7 @@ def test_smoke_sweep_on_slurm_matches_local(tmp_path_factory):
     r = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--slurm", "--wait", "--log-every", "0", timeout=1200)
     print(r.stdout, r.stderr, f"slurm smoke: {time.time() - t0:.0f}s")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"dwg.pipeline.sweep: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stdout), (
-        r.stdout
-    )  # the log
+    assert re.search(r"dwg: \d+/\d+ runs finished; \d+ in the queue; running models:", r.stderr), r.stderr  # the log
     assert {i["state"] for i in states(rd).values()} == {"done"}
     assert sorted(states(rd)) == sorted(states(local))  # same run ids
     a, b = results_table(local), results_table(rd)

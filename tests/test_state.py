@@ -2,10 +2,10 @@
 a KV cache made inside `patch`) has the attributes it had before, and none named `_dwg_*`."""
 
 import torch
-from dwg.science.evaluate import encode
+from dwg.science.scoring.evaluate import encode
 from dwg.engine.graft import graft
 from dwg.engine.interpolate import Grid, at_point
-from dwg.science.models import load
+from dwg.science.facts.models import load
 from dwg.engine.patch import patch
 
 
@@ -39,7 +39,7 @@ def test_contexts_leave_models_as_they_were():
     "Nested grafts, patching with a continued cache, and interpolation: the models' attributes are unchanged after."
     rec, don, tok = _models()
     before = _attributes(rec), _attributes(don)
-    batch = encode(tok, ["Tom stars in a film with", "A B C"])["batch"]
+    batch = encode(tok, ["Tom stars in a film with", "A B C"]).batch
     mask = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
     mask[:, -2:] = True
     with torch.no_grad():
@@ -60,7 +60,7 @@ def test_a_context_leaves_nothing_after_an_error():
     "A forward that raises inside a graft leaves the recipient's attributes as they were too."
     rec, don, tok = _models()
     before = _attributes(rec)
-    batch = encode(tok, ["Tom stars in a film with"])["batch"]
+    batch = encode(tok, ["Tom stars in a film with"]).batch
     try:
         with graft(rec, don, torch.ones_like(batch["input_ids"], dtype=torch.bool)):
             rec(**batch)

@@ -9,26 +9,27 @@ import dwg
 
 PACKAGE = Path(dwg.__file__).parent
 # Wings, lowest first: a module may import its own wing's lower layers and any lower wing, never a higher one.
-# `runs` (atomic writes, JSONL, run records) sits beneath the science and the pipeline; the engine imports nothing of
-# dwg.
+# `records` (atomic writes, JSONL, progress, provenance, run records) sits beneath the science and the pipeline; the
+# engine imports nothing of dwg.
 WINGS = {
     "engine": [["hooks", "cache"], ["arch"], ["lora"], ["prompts"], ["graft"], ["patch"], ["prefix"], ["interpolate"]],
-    "runs": [["runs"]],
-    "science": [
-        ["data"],
-        ["custom"],
-        ["models"],
-        ["plans"],
-        ["evaluate"],
-        ["readout"],
-        ["run", "localize"],
-        ["tables", "localize_plots"],
-        ["recovery", "charts"],
-        ["recovery_charts"],
-        ["claims_file"],
-        ["claims", "report"],
-        ["regimes", "unembedding"],
-        ["regime_charts"],
+    "records": [["files", "provenance"], ["progress"], ["run_record"]],
+    "science": [  # subpackages, lowest first: facts <- scoring <- verdicts <- pictures
+        ["facts.data"],
+        ["facts.custom"],
+        ["facts.models"],
+        ["scoring.plans"],
+        ["scoring.evaluate"],
+        ["scoring.readout"],
+        ["scoring.grafting", "scoring.localize"],
+        ["scoring.tables", "scoring.scores"],
+        ["scoring.recovery", "scoring.splits"],
+        ["verdicts.claims_file"],
+        ["verdicts.claims"],
+        ["verdicts.chance", "verdicts.regimes", "verdicts.unembedding"],
+        ["pictures.localize_plots", "pictures.charts", "pictures.report"],
+        ["pictures.recovery_charts", "pictures.regime_charts"],
+        ["pictures.figures_run"],
     ],
     "pipeline": [
         ["config", "batches", "speed", "locks", "log"],
@@ -42,18 +43,18 @@ WINGS = {
         ["local", "slurm"],
         ["cli"],
     ],
-    "dev": [["coverage"], ["bench"], ["localize_bench"], ["testing"]],
+    "dev": [["coverage"], ["bench", "train_bench"], ["localize_bench"], ["testing"]],
 }
 WING_ORDER = list(WINGS)
 RANK = {}
 for w, layers in WINGS.items():
     for i, layer in enumerate(layers):
         for m in layer:
-            RANK[f"{w}.{m}" if w != "runs" else "runs"] = (WING_ORDER.index(w), i)
+            RANK[f"{w}.{m}"] = (WING_ORDER.index(w), i)
 
 
 def _name(path: Path) -> str:
-    "`engine.graft` for dwg/engine/graft.py, `runs` for dwg/runs.py."
+    "`engine.graft` for dwg/engine/graft.py, `records.files` for dwg/records/files.py."
     return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
 
 
@@ -108,7 +109,7 @@ def test_every_module_has_a_place():
 
 
 def test_imports_run_one_way():
-    "Down the wings (engine <- runs <- science <- pipeline <- dev) and down the layers inside a wing; the engine alone."
+    "Down the wings (engine <- records <- science <- pipeline <- dev) and the layers inside a wing; the engine alone."
     wrong = []
     for m, tree in _modules().items():
         for i in sorted(_dwg_imports(m, tree)):
@@ -132,20 +133,34 @@ def test_no_module_imports_another_modules_private_names():
     assert not wrong, "; ".join(wrong)
 
 
+SCIENCE_PACKAGES = ["facts", "scoring", "verdicts", "pictures"]
+
+
+def test_science_subpackages_say_what_they_hold():
+    "Each subpackage of dwg.science, in the order of its layers, opens with a docstring saying what it holds."
+    order = list(dict.fromkeys(m.split(".")[0] for layer in WINGS["science"] for m in layer))
+    assert order == SCIENCE_PACKAGES
+    found = sorted(p.parent.name for p in (PACKAGE / "science").glob("*/__init__.py"))
+    assert found == sorted(SCIENCE_PACKAGES), "add the subpackage to WINGS and SCIENCE_PACKAGES"
+    for name in SCIENCE_PACKAGES:
+        doc = ast.get_docstring(ast.parse((PACKAGE / "science" / name / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"dwg.science.{name} needs a docstring saying what it holds"
+
+
 def test_import_check_can_fail():
     "The checkers see relative, absolute and in-function imports, and private names."
     tree = ast.parse(
-        "from .tables import x\nfrom ..engine.graft import _y\nimport dwg.pipeline.sweep\n"
+        "from .tables import x\nfrom ...engine.graft import _y\nimport dwg.pipeline.sweep\n"
         "def f():\n    from dwg.pipeline import cli\n"
     )
-    assert _dwg_imports("science.recovery", tree) == {
-        "science.tables",
+    assert _dwg_imports("science.scoring.recovery", tree) == {
+        "science.scoring.tables",
         "engine.graft",
         "pipeline.sweep",
         "pipeline.cli",
     }
-    assert _private_imports("science.recovery", tree) == ["science.recovery imports engine.graft._y"]
-    assert RANK["pipeline.sweep"] > RANK["science.tables"] > RANK["runs"] > RANK["engine.graft"]
+    assert _private_imports("science.scoring.recovery", tree) == ["science.scoring.recovery imports engine.graft._y"]
+    assert RANK["pipeline.sweep"] > RANK["science.scoring.tables"] > RANK["records.files"] > RANK["engine.graft"]
 
 
 def _notebook_imports(name: str) -> str:
@@ -155,6 +170,37 @@ def _notebook_imports(name: str) -> str:
     nb = json.loads((PACKAGE / "experiments" / f"{name}.ipynb").read_text())
     src = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     return "\n".join(ast.unparse(n) for n in ast.parse(src).body if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+MAX_CELL_LINES = 40  # an experiment notebook's cells call exported, tested functions: longer logic goes to nbs/
+
+
+def _long_cells(notebook: Path) -> list[str]:
+    "`<notebook> cell <i>: <n> lines` for each code cell of `notebook` with more than MAX_CELL_LINES source lines."
+    import json
+
+    cells = json.loads(notebook.read_text())["cells"]
+    sizes = [(i, len("".join(c["source"]).splitlines())) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    return [f"{notebook.name} cell {i}: {n} lines" for i, n in sizes if n > MAX_CELL_LINES]
+
+
+def test_experiment_cells_are_short():
+    "No code cell of an experiment notebook is over 40 lines: the logic lives in modules, where it is tested."
+    notebooks = sorted((PACKAGE / "experiments").glob("*.ipynb"))
+    assert len(notebooks) >= 5, notebooks  # the experiment notebooks were found
+    long = [c for nb in notebooks for c in _long_cells(nb)]
+    assert not long, f"move the logic of these cells into an nbs/ notebook (exported and tested): {long}"
+
+
+def test_long_cell_check_can_fail(tmp_path):
+    "A cell of 41 lines is named; one of 40 is not."
+    import json
+
+    cells = [{"cell_type": "code", "source": ["x = 1\n"] * n} for n in (40, 41)] + [
+        {"cell_type": "markdown", "source": ["a\n"] * 50}
+    ]
+    (tmp_path / "nb.ipynb").write_text(json.dumps({"cells": cells}))
+    assert _long_cells(tmp_path / "nb.ipynb") == ["nb.ipynb cell 1: 41 lines"]
 
 
 def _venv_modules(script: str) -> set[str]:
@@ -172,7 +218,9 @@ def _venv_modules(script: str) -> set[str]:
 def test_figures_notebook_imports_no_torch():
     "Drawing the figures from finished runs needs no torch: the figures stage does not pay its import (seconds)."
     imports = _notebook_imports("figures")
-    assert "from dwg.runs import" in imports and "training_table" in imports  # the notebook's imports were found
+    assert (
+        "from dwg.records.run_record import" in imports and "training_table" in imports
+    )  # the notebook's imports were found
     assert "torch" not in _venv_modules(imports)
     assert "torch" in _venv_modules(imports + "\nimport dwg.pipeline.train")  # the probe can see torch
 

@@ -20,7 +20,7 @@ from dwg.pipeline.run_dirs import PROGRESS, run_paths, run_state
 from dwg.pipeline.config import profile_content
 from dwg.pipeline import execute, space
 from dwg.pipeline.status import format_status, status
-from dwg.runs import read_jsonl
+from dwg.records.files import read_jsonl
 from dwg.dev.testing import standin_notebooks
 from _sweep_helpers import (
     REPO,
@@ -69,9 +69,9 @@ def test_smoke_graph_shape():
     assert next(r for r in g if r.stage == "graft_components").params["relation"] == "@" + relation.key
     assert next(r for r in g if r.stage == "graft_positions").inputs[-1] == relation.key
     assert next(r for r in g if r.stage == "graft_methods").inputs[-1] == relation.key  # the same SFT model
-    from dwg.science.plans import expand_plans, paper_plans, plan_groups
+    from dwg.science.scoring.plans import paper_plans, plan_groups, plans_at
 
-    plans = [p for r in g if r.stage.startswith("graft_") for p in expand_plans(r.params["plans"], 4)]
+    plans = [p.name for r in g if r.stage.startswith("graft_") for p in plans_at(r.params["plans"])]
     # every catalogue plan runs somewhere (PRE and SFT in two stages), but the graft-form variants (the forms profile)
     assert set(paper_plans()) - set(plan_groups()["forms"]) <= set(plans)
 
@@ -89,7 +89,7 @@ def _training_facts(run, ds):
 def test_model_pair_training_facts(relation_model):
     """The paper's pair (default): the relation model's texts hold every fact, the task model's none of the relation
     facts; `relation_model: half` trains the relation model on the relation facts only."""
-    from dwg.science.data import build_dataset
+    from dwg.science.facts.data import build_dataset
 
     d = raw("embedded")
     d["train"]["relation_model"] = relation_model
@@ -116,7 +116,7 @@ def test_breadth_graph_shape():
     over all and per setting (the articles at top-50)."""
     g = sw.expand("breadth")
     kinds = sorted(r.params["kind"] for r in g if r.stage == "datasets")
-    from dwg.science.data import KINDS
+    from dwg.science.facts.data import KINDS
 
     assert kinds == sorted(KINDS)
     count = lambda stage: sum(r.stage == stage for r in g)
@@ -417,7 +417,8 @@ def test_sbatch_refusal_is_one_error_line(tmp_path, where):
     rd = tmp_path / "runs"
     r = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--slurm", *extra, env=env)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("dwg: error:")]  # beside the sweep's notices
+    assert "Traceback" not in r.stderr and len(errors) == 1 and errors[0] == r.stderr.strip().splitlines()[-1], r.stderr
     assert "sbatch refused the" in r.stderr and "invalid partition specified: nosuchpart" in r.stderr, r.stderr
     assert not rd.exists(), list(rd.rglob("*"))
     cancelled = tmp_path / "fakebin" / "scancel.args"
@@ -512,8 +513,8 @@ def test_local_run_then_rerun_skips(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(
-        r"dwg.pipeline.sweep: \d+/10 runs finished; running .*models:tiny-llama:d\d:sft \[train step [12]/3\]", r.stdout
-    ), r.stdout
+        r"dwg: \d+/10 runs finished; running .*models:tiny-llama:d\d:sft \[train step [12]/3\]", r.stderr
+    ), r.stderr
     assert "graft_positions" in r.stdout and "run time" in r.stdout  # the per-stage summary
     st = states(rd)
     assert len(st) == 10 and {i["state"] for i in st.values()} == {"done"}
@@ -525,7 +526,7 @@ def test_local_run_then_rerun_skips(tmp_path):
     assert len(fig["results"]) == 3
     snap = marker_snapshot(rd)
     again = sweep_cli("run", "--sweep", sweep, "--runs", rd, "--notebooks", nbs, "--no-progress")
-    assert again.returncode == 0 and "10 runs, 10 already done" in again.stdout
+    assert again.returncode == 0 and "dwg: standin (" in again.stderr and "10 runs, 10 already done" in again.stderr
     assert marker_snapshot(rd) == snap
 
 
@@ -546,8 +547,8 @@ def test_failed_run_is_reported_blocks_dependants_and_is_retried(tmp_path):
     assert nb.is_file() and "stand-in failure" in nb.read_text()
     assert f"FAILED {bad}" in r.stdout and str(nb) in r.stdout
     assert re.search(
-        rf"graft_positions tiny-llama:d2 \({bad.split('/')[1]}\) failed: RuntimeError: stand-in failure", r.stdout
-    )
+        rf"dwg: graft_positions tiny-llama:d2 \({bad.split('/')[1]}\) failed: RuntimeError: stand-in failure", r.stderr
+    ), r.stderr
     assert st[run_key(rd, "figures", "standin")]["state"] == "pending"
     assert {k for k, i in st.items() if i["state"] == "done"} == set(st) - {bad, run_key(rd, "figures", "standin")}
     status = sweep_cli("status", "--runs", rd)
@@ -578,8 +579,8 @@ def test_corrupt_run_is_redone_with_its_dependants(tmp_path):
     snap = marker_snapshot(rd)
     again = sweep_cli("run", "--profile", "smoke", "--runs", rd, "--notebooks", nbs, "--no-progress")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert f"{bad} (tiny-llama:fake4) is corrupt: redoing it" in again.stdout, again.stdout
-    assert f"{fig} (smoke) is done, but it read a corrupt run: redoing it" in again.stdout, again.stdout
+    assert f"dwg: {bad} (tiny-llama:fake4) is corrupt: redoing it" in again.stderr, again.stderr
+    assert f"dwg: {fig} (smoke) is done, but it read a corrupt run: redoing it" in again.stderr, again.stderr
     assert {i["state"] for i in states(rd).values()} == {"done"}
     after = marker_snapshot(rd)
     redone = {k for k in snap if after.get(k) != snap[k]}
@@ -690,7 +691,7 @@ def test_smoke_profile_runs_locally(tmp_path_factory):
     print(r.stdout)
     assert {i["state"] for i in states(rd).values()} == {"done"}
     table = results_table(rd)
-    from dwg.science.plans import paper_plans, plan_groups
+    from dwg.science.scoring.plans import paper_plans, plan_groups
 
     forms = set(plan_groups()["forms"])  # the graft-form variants: the forms profile's, not the smoke run's
     assert {k[1] for k in table} == set(paper_plans()) - forms  # every other plan (the methods at one layer quarter)
@@ -728,7 +729,7 @@ def test_too_little_space_stops_before_the_first_run(tmp_path, monkeypatch, caps
     assert "  models: " in err and "checkpoints of" in err and "--runs DIR" in err and "--force" in err, err
     assert not rd.exists()
     assert cli.main(args + ["--dry-run", "--force"]) == 0
-    assert "(--force: going on)" in capsys.readouterr().out
+    assert "(--force: going on)" in capsys.readouterr().err
 
 
 def test_each_run_checks_the_space_in_its_job(tmp_path, monkeypatch, capsys):
@@ -743,8 +744,8 @@ def test_each_run_checks_the_space_in_its_job(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(space, "free_space", lambda path: 1_000_000)
     assert execute.run_from_graph(path, first.key) == 1
     assert (
-        f"{first.key}: failed: NoSpace: this run needs about 5.0 MB (datasets), 1.0 MB is free"
-        in capsys.readouterr().out
+        f"dwg: {first.key}: failed: NoSpace: this run needs about 5.0 MB (datasets), 1.0 MB is free"
+        in capsys.readouterr().err
     )
     item = next(i for i in status(rd)["datasets"] if i["key"] == first.key)
     assert item["state"] == "failed" and item["error"].startswith("NoSpace: this run needs about 5.0 MB"), item
@@ -769,7 +770,7 @@ def test_full_disk_reason_on_console_and_in_status(tmp_path):
     py = f"{sys.executable} -m dwg.pipeline.cli"
     script = (
         f"mount -t tmpfs -o size=3m tmpfs {small} && {py} run --sweep {sweep} --runs {rd} --notebooks {nbs} "
-        f"--no-progress --force; echo exit $?; echo ====; {py} status --runs {rd}"
+        f"--no-progress --force 2>&1; echo exit $?; echo ====; {py} status --runs {rd}"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("IN_TEST", None)
@@ -779,9 +780,7 @@ def test_full_disk_reason_on_console_and_in_status(tmp_path):
     run, status = r.stdout.split("====")
     assert "exit 1" in run, r.stdout + r.stderr
     reason = "OSError: [Errno 28] No space left on device"
-    assert re.search(rf"dwg.pipeline.sweep: models tiny-llama:d1:sft \(\w+\) failed: {re.escape(reason)}; see ", run), (
-        run
-    )
+    assert re.search(rf"dwg: models tiny-llama:d1:sft \(\w+\) failed: {re.escape(reason)}; see ", run), run
     assert re.search(rf"FAILED models/\w+ \(tiny-llama:d1:sft\): {re.escape(reason)}", status), status
     assert "INTERRUPTED" not in status and "run.json" not in status
 
@@ -829,7 +828,7 @@ def test_second_sweep_on_a_runs_directory(tmp_path):
         assert w.returncode == 0, w.stdout + w.stderr
         assert f"waiting for the sweep running on {rd} to finish: pid {first.pid} on {host}" in w.stderr, w.stderr
         n = len(before)
-        assert f"{n} runs, {n} already done" in w.stdout, w.stdout  # it started once the first had finished
+        assert f"{n} runs, {n} already done" in w.stderr, w.stderr  # it started once the first had finished
     finally:
         out = first.communicate(timeout=300)[0]
     assert first.returncode == 0, out
@@ -838,7 +837,7 @@ def test_second_sweep_on_a_runs_directory(tmp_path):
 
 def test_packaged_data_is_in_the_dataset_id(tmp_path, monkeypatch):
     "Editing a packaged article renews the articles dataset (and what reads it); the templated datasets keep their ids."
-    from dwg.science import data
+    from dwg.science.facts import data
 
     d = raw("breadth")
     before = {r.label: r.key for r in sw.expand(d)}

@@ -10,8 +10,8 @@ import yaml
 from dwg.pipeline import sweep as sw
 from dwg.pipeline.sweep_file import SweepError
 from dwg.pipeline.sweep_checks import load_sweep
-from dwg.science import plans as plans_mod
-from dwg.science.custom import example_files
+from dwg.science.scoring import plans as plans_mod
+from dwg.science.facts.custom import example_files
 from _sweep_helpers import sweep_cli
 
 SWEEP = dict(
@@ -75,7 +75,10 @@ def test_reversal_plans_name_a_plan_files_plan(tmp_path):
     "reversal_plans names a plan file's plan by its name; generate takes no plan file (the run could not resolve it)."
     write_plan(tmp_path / "mine.yaml", ["first_actor"])
     sections = dict(plans=["PRE", "SFT", str(tmp_path / "mine.yaml")], reversal_plans=["PRE", "mine"])
-    assert load_sweep(dict(SWEEP, graft_positions=sections))["graft_positions"]["reversal_plans"] == ["PRE", "mine"]
+    assert load_sweep(dict(SWEEP, graft_positions=sections)).sections["graft_positions"]["reversal_plans"] == [
+        "PRE",
+        "mine",
+    ]
     sections["generate"] = [str(tmp_path / "mine.yaml")]
     assert "graft_positions.generate must be" in problems_of(dict(SWEEP, graft_positions=sections))
 
@@ -162,7 +165,7 @@ def test_values_a_notebook_would_refuse(section, change, message):
 def test_localize_roles_follow_the_chosen_templates():
     "A role is fine where the chosen prompts carry it: movie_title with a template that names the movie."
     loc = dict(templates=["movie_statement"], roles=["first_actor", "movie_title", "last_token", "other"])
-    assert load_sweep(dict(SWEEP, localize=loc))["localize"]["roles"] == loc["roles"]
+    assert load_sweep(dict(SWEEP, localize=loc)).sections["localize"]["roles"] == loc["roles"]
 
 
 def test_dataset_seed_is_checked():

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 from dwg.pipeline import config, train as T
-from dwg.science import data, models
-from dwg.science.evaluate import first_token_scores
-from dwg import runs
+from dwg.science.facts import data, models
+from dwg.science.scoring.evaluate import first_token_scores
+from dwg.records import progress, run_record
 
 TINY = dict(config="tiny", progress=False)
 
@@ -39,7 +39,7 @@ def test_tiny_finetune_raises_target_probability(ds, tmp_path):
     sft, _ = models.load(out)
     p0, p1 = mean_target_prob(pre, tok, ds), mean_target_prob(sft, tok, ds)
     assert p1 > 20 * p0, (p0, p1)
-    summary = json.loads((out / runs.TRAIN_SUMMARY).read_text())
+    summary = json.loads((out / run_record.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2]
     assert epochs[-1]["recall_prob"] == pytest.approx(p1, rel=1e-3)  # the callback measured the saved model
@@ -78,10 +78,10 @@ def test_resume_continues_from_checkpoint_and_matches_uninterrupted_run(ds, tmp_
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
         T.train("tiny-llama", ds, out, callbacks=[StopAfterFirstSave()], **kw)
-    assert not out.exists() and not runs.has_train_summary(out)
+    assert not out.exists() and not run_record.has_train_summary(out)
     assert [p.name for p in (T.work_dir(out) / "checkpoints").iterdir()] == [f"checkpoint-{2 * per_epoch}"]
     T.train("tiny-llama", ds, out, **kw)
-    summary = json.loads((out / runs.TRAIN_SUMMARY).read_text())
+    summary = json.loads((out / run_record.TRAIN_SUMMARY).read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{2 * per_epoch}") and summary["global_step"] == 4 * per_epoch
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2, 3, 4]
@@ -118,7 +118,7 @@ def test_reusing_freed_memory_trains_the_same_weights(ds, tmp_path, monkeypatch)
 
 FAULTS = """
 import resource
-from dwg.runs import reusing_freed_memory
+from dwg.records.progress import reusing_freed_memory
 def faults(mb=64):
     first = bytearray(mb << 20); del first
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -130,7 +130,9 @@ print(before, inside, faults())
 """
 
 
-@pytest.mark.skipif(not runs._glibc() or runs._malloc_set_by_user(), reason="the setting is glibc's, and yours wins")
+@pytest.mark.skipif(
+    not progress._glibc() or progress._malloc_set_by_user(), reason="the setting is glibc's, and yours wins"
+)
 def test_reusing_freed_memory_keeps_pages_in_a_fresh_process():
     "In a fresh interpreter a second 64 MB buffer is new pages outside the block, the first one's pages inside it."
     import subprocess
@@ -147,11 +149,11 @@ def test_finished_run_is_skipped_unless_forced(ds, tmp_path):
     "A finished run is returned as is; force=True trains again."
     kw = dict(overrides=dict(max_steps=2), **TINY)
     out = T.train("tiny-llama", ds, tmp_path / "run", **kw)
-    stamp = (out / runs.TRAIN_SUMMARY).read_text()
+    stamp = (out / run_record.TRAIN_SUMMARY).read_text()
     T.train("tiny-llama", ds, out, **kw)
-    assert (out / runs.TRAIN_SUMMARY).read_text() == stamp
+    assert (out / run_record.TRAIN_SUMMARY).read_text() == stamp
     T.train("tiny-llama", ds, out, force=True, **kw)
-    assert (out / runs.TRAIN_SUMMARY).read_text() != stamp and runs.has_train_summary(out)
+    assert (out / run_record.TRAIN_SUMMARY).read_text() != stamp and run_record.has_train_summary(out)
 
 
 def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
@@ -169,7 +171,7 @@ def test_partial_run_with_other_settings_is_refused(ds, tmp_path):
     with pytest.raises(ValueError, match="force=True"):
         T.train("tiny-llama", ds, out, overrides=dict(epochs=3), **TINY)
     T.train("tiny-llama", ds, out, overrides=dict(epochs=3, max_steps=2), force=True, **TINY)
-    assert json.loads((out / runs.TRAIN_SUMMARY).read_text())["resumed_from"] is None
+    assert json.loads((out / run_record.TRAIN_SUMMARY).read_text())["resumed_from"] is None
 
 
 def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
@@ -183,7 +185,7 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
         overrides=dict(max_steps=3, freeze_unembeddings=True, answer_only_loss=True),
         **TINY,
     )
-    s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
+    s = json.loads((out / run_record.TRAIN_SUMMARY).read_text())
     n_texts = len([r for r in data.load_split(ds, "train") if r["split"] == "relation" and r["direction"] == "B2A"])
     assert (s["split"], s["direction"], s["n_facts"], s["n_train_texts"]) == ("relation", "B2A", 2, n_texts)
     assert s["frozen"] == ["lm_head.weight"]
@@ -284,7 +286,7 @@ def test_best_checkpoint_by_eval_loss(ds, tmp_path):
     out = T.train(
         "tiny-llama", ds, tmp_path / "best", split="task", overrides=dict(epochs=2, best_by_eval_loss=True), **TINY
     )
-    s = json.loads((out / runs.TRAIN_SUMMARY).read_text())
+    s = json.loads((out / run_record.TRAIN_SUMMARY).read_text())
     epochs = json.loads((out / "metrics.json").read_text())["epochs"]
     losses = {e["step"]: e["eval_loss"] for e in epochs if "eval_loss" in e}
     assert s["best_eval_loss"] == pytest.approx(min(losses.values())) and losses[s["best_step"]] == s["best_eval_loss"]

@@ -18,19 +18,19 @@ from contextlib import ExitStack
 from unittest import mock
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from ..science.models import load, checkpoint_dir
+from ..science.facts.models import load, checkpoint_dir
 from .coverage import reference_last_logits
-from ..science.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_split
+from ..science.facts.data import FIELDS, PAPER_EVAL_TEMPLATES, create_dataset, load_split
 from ..engine.lora import as_donor, read_adapter
-from ..science import evaluate
-from ..science.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
+from ..science.scoring import evaluate
+from ..science.scoring.evaluate import prepare, rule_masks, grafted, last_logits, evaluate_plans
 from ..engine import patch as patch_module
 from ..engine import prefix
 from ..engine.patch import patch
-from ..runs import reusing_freed_memory
+from ..records.progress import reusing_freed_memory
 from ..pipeline.speed import matmul_rate, matmul_shape
 from torch.utils.flop_counter import FlopCounterMode
-from ..science.plans import expand_plans, get_plan, plan_groups, resolve_plans
+from ..science.scoring.plans import get_plan, plan_groups, plans_at, resolve_plans
 
 # %% auto #0
 __all__ = ['make_standin_donor', 'make_standin_adapter', 'bench_examples', 'run_benchmark', 'main']
@@ -107,16 +107,16 @@ def bench_examples(workdir: str, n: int) -> tuple[list[dict], str]:
 # %% ../../nbs/07_bench.ipynb #0d36556bn8
 def _time_forwards(res: dict, base, models: dict, plan, prep: dict, masks: list) -> tuple:
     "Time grafted and plain forwards, padded and unpadded, interleaved; returns the (plain, engine) functions."
-    real = prep["batch"]["attention_mask"].bool()
+    real = prep.batch["attention_mask"].bool()
     res["padding_fraction"] = 1 - real.float().mean().item()
     res["grafted_fraction"] = (masks[0] & real).sum().item() / real.sum().item()
     width = int(real.sum(1).min())  # the last `width` columns: every row real (an unpadded batch)
-    dense, dense_masks = {k: v[:, -width:] for k, v in prep["batch"].items()}, [m[:, -width:] for m in masks]
+    dense, dense_masks = {k: v[:, -width:] for k, v in prep.batch.items()}, [m[:, -width:] for m in masks]
 
-    def plain(batch=prep["batch"]):
+    def plain(batch=prep.batch):
         return last_logits(base, batch)
 
-    def engine(batch=prep["batch"], masks=masks):
+    def engine(batch=prep.batch, masks=masks):
         with grafted(plan, models, masks):
             return last_logits(base, batch)
 
@@ -140,9 +140,9 @@ def _time_patching(res: dict, base, donor, prep: dict, masks: list, plain):
 
     def patched():
         with patch(base, donor, masks[0], sites="resid_post"):
-            return last_logits(base, prep["batch"])
+            return last_logits(base, prep.batch)
 
-    t = _median_times(dict(plain=plain, patched=patched, donor=lambda: last_logits(donor, prep["batch"])))
+    t = _median_times(dict(plain=plain, patched=patched, donor=lambda: last_logits(donor, prep.batch)))
     res["patched_forward_s"] = t["patched"]
     res["donor_forward_s"] = t["donor"]
     # the plain forward timed in this round, interleaved with these two
@@ -154,8 +154,8 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
     "The original algorithm on `n_original` examples against the engine and a plain forward on their batch."
     fast, maxdp, slow_s, fast_s, plain_s = engine().softmax(-1), 0.0, [], [], []
     for i in range(n_original):
-        pad = prep["pads"][i]
-        ids = prep["batch"]["input_ids"][i, pad:]
+        pad = prep.pads[i]
+        ids = prep.batch["input_ids"][i, pad:]
         original = lambda: reference_last_logits(
             base, [(don, masks[0][i, pad:], "all", "all")], ids, copy_per_token=True
         )
@@ -165,7 +165,7 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
             times.append(time.perf_counter() - t)
             if times is slow_s:
                 maxdp = max(maxdp, (out.softmax(-1) - fast[i]).abs().max().item())
-    n = len(prep["examples"])
+    n = len(prep.examples)
     res["original_s_per_example"] = statistics.median(slow_s)
     res["engine_s_per_example"] = statistics.median(fast_s) / n
     res["speedup_per_example"] = res["original_s_per_example"] / res["engine_s_per_example"]
@@ -178,8 +178,8 @@ def _time_original(res: dict, base, don, prep: dict, masks: list, plain, engine,
         copy.deepcopy(base)
         copies.append(time.perf_counter() - t)
     res["original_deepcopy_s"] = statistics.median(copies)
-    ids = prep["batch"]["input_ids"][:n_original].tolist()
-    res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep["pads"]))
+    ids = prep.batch["input_ids"][:n_original].tolist()
+    res["original_tokens_per_example"] = statistics.median(len(x) - p for x, p in zip(ids, prep.pads))
 
 # %% ../../nbs/07_bench.ipynb #0d36556bn14
 def _time_lora(res: dict, base, lora: str, plan, prep: dict, masks: list, rss0: float):
@@ -203,7 +203,7 @@ def _lora_vs_merged(res: dict, base, lora: str, plan, prep: dict, masks: list, e
     "The largest probability difference between grafting the adapter and grafting peft's merged model."
     merged = load(lora)[0]  # `base` is intact: the original algorithm grafts into deep copies
     with grafted(plan, dict(pretrained=base, finetuned=merged), masks):
-        want = last_logits(base, prep["batch"])
+        want = last_logits(base, prep.batch)
     res["lora_max_abs_dprob_vs_merged"] = (engine().softmax(-1) - want.softmax(-1)).abs().max().item()
 
 # %% ../../nbs/07_bench.ipynb #0d36556bn16
@@ -232,10 +232,12 @@ def _stage_inputs(models: dict, workdir: str, stage: str, n_facts: int, generate
     exs = [e for e in exs if e["fact_id"] in facts]
     models = {**models, "task": models["pretrained"], "relation": models["finetuned"]}
     depth = models["pretrained"].config.num_hidden_layers
-    plans = expand_plans(resolve_plans(stage.split(","), list(models), "stage"), depth)
+    plans = plans_at(resolve_plans(stage.split(","), list(models), "stage"), depth)
     gen = (
         dict(
-            generate=expand_plans(resolve_plans(generate.split(","), list(models), "stage_generate"), depth),
+            generate={
+                p.name for p in plans_at(resolve_plans(generate.split(","), list(models), "stage_generate"), depth)
+            },
             generated="last_token",
         )
         if generate
@@ -253,7 +255,7 @@ def _stage_ways(plans: list, gen: dict) -> dict:
         memory_returned=({}, False),
         no_chance=(dict(chance=False), True),
         **({"every_row": ({}, True)} if gen else {}),
-        **({"donor_per_site": ({}, True)} if any(get_plan(p).patches for p in plans) else {}),
+        **({"donor_per_site": ({}, True)} if any(p.patches for p in plans) else {}),
     )
 
 
@@ -356,7 +358,7 @@ def run_benchmark(
     plan = get_plan("FE+LT")
     prep = prepare(tok, exs[:batch])
     masks, _ = rule_masks(plan, prep)
-    last_logits(base, prep["batch"])  # the recipient alone at work: its weights plus one plain forward's activations
+    last_logits(base, prep.batch)  # the recipient alone at work: its weights plus one plain forward's activations
     res["plain_added_rss_over_weights"] = (_rss_mb() - rss0) / res["weights_mb"]
     lora_engine = lora and _time_lora(res, base, lora, plan, prep, masks, rss0)  # before the full donor: peak RSS
     don = load(donor)[0]
@@ -383,7 +385,7 @@ def run_benchmark(
 
 # %% ../../nbs/07_bench.ipynb #0d36556bn29
 _OPTION_HELP = dict(
-    model="the base model (a name dwg.science.models.load knows)",
+    model="the base model (a name dwg.science.facts.models.load knows)",
     donor="the donor checkpoint, e.g. a sweep's relation model runs/embedded/models/<id>; default: a stand-in made "
     "from the base model plus small random changes (same timing, no fine-tuned behaviour)",
     lora="a LoRA adapter directory of the base model (e.g. a LoRA training run); 'standin': random deltas, r 16, on "

@@ -6,9 +6,9 @@
 from __future__ import annotations
 import copy
 import inspect
+import logging
 import re
 import signal
-import sys
 import time
 from collections import Counter
 import torch
@@ -19,8 +19,10 @@ from ..engine.graft import graft, graftable, resolve_components
 from ..engine.arch import architecture
 from ..engine.cache import cache_kwargs, output_cache
 
+logger = logging.getLogger(__name__)
+
 # %% auto #0
-__all__ = ['TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'REFERENCE_PARAMS', 'DEFINITIONS_DIFFER',
+__all__ = ['logger', 'TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'REFERENCE_PARAMS', 'DEFINITIONS_DIFFER',
            'causal_lm_types', 'tiny_config', 'tiny_random', 'perturbed', 'layer_prefix', 'reference_last_logits',
            'checked_components', 'check_family', 'markdown_table', 'main']
 
@@ -398,7 +400,7 @@ def checked_components(model) -> list:
     ends, and all of them together (a list)."""
     arch, skip = architecture(model), _differ(model)
     experts = [f"{p}.{e}" for p in arch.experts for e in sorted({0, arch.n_experts - 1})]
-    ends = [c for c in ("embed", "lm_head") if c in arch.globals]
+    ends = [c for c in ("embed", "lm_head") if c in arch.global_components]
     together = [c for c in resolve_components(model, "all") if c not in skip]
     return [*(p for p in arch.modules if p not in skip), *experts, *ends, together]
 
@@ -519,7 +521,7 @@ def main(argv=None):
     rows = []
     for mt in args.types or causal_lm_types():
         rows.append(_timed_check(mt, args.limit))
-        print(f"{mt}: {rows[-1]['status']}", file=sys.stderr, flush=True)
+        logger.info(f"{mt}: {rows[-1]['status']}")
         if args.jsonl:
             with open(args.jsonl, "a") as f:
                 f.write(json.dumps(rows[-1]) + "\n")

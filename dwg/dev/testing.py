@@ -12,12 +12,12 @@ from multiprocessing.util import Finalize
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..science.data import EVAL_TEMPLATES, FIELDS, SLOT_FIELDS, template_fields
-from ..science.plans import QUARTERS, figure_order, figure_references, paper_plans
+from ..science.facts.data import EVAL_TEMPLATES, FIELDS, SLOT_FIELDS, template_fields
+from ..science.scoring.plans import QUARTERS, figure_order, figure_references, paper_plans
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'SYNTHETIC_REGIMES', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
-           'synthetic_paper_results', 'synthetic_regime_results']
+           'synthetic_paper_results', 'ranked_results', 'synthetic_regime_results']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
 # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -56,7 +56,9 @@ STANDIN_PARAMETERS = {
 _STANDIN_SETUP = """\
 import hashlib, json, os, time, tempfile
 from pathlib import Path
-from dwg.runs import publish_dir, read_jsonl, report_progress, write_jsonl, write_run_record
+from dwg.records.files import publish_dir, read_jsonl, write_jsonl
+from dwg.records.progress import report_progress
+from dwg.records.run_record import write_run_record
 
 STARTED = time.time()
 params = {k: v for k, v in globals().items() if k in PARAMS}
@@ -98,7 +100,7 @@ def grafting_results(*models, prob=None):
 # %% ../../nbs/09_testing.ipynb #0d6b44d0n2
 _STANDIN_BODY = {
     "create_dataset": """\
-out.mkdir(parents=True)   # like dwg.science.data.create_dataset: refuses an existing directory
+out.mkdir(parents=True)   # like dwg.science.facts.data.create_dataset: refuses an existing directory
 (out / "value.txt").write_text(digest(kind, n_facts, seed))
 write_jsonl(out / "eval.jsonl", [dict(fact_id=f"f{i:04d}") for i in range(n_facts)])
 time.sleep(SLEEP)
@@ -298,6 +300,18 @@ def synthetic_paper_results(
         components, n_facts, templates, model, dataset, "components", generate=False, seed=seed + 1
     )
     return pd.concat([_with_chance(pos, n_facts, seed), _with_chance(comp, n_facts, seed + 1)], ignore_index=True)
+
+# %% ../../nbs/09_testing.ipynb #481708a8
+def ranked_results(plans_ranks: dict, n_facts: int = 6, **columns) -> pd.DataFrame:
+    "Made-up results: each plan's rank for every fact, on two prompts (`a`, `b`; the second ranked one lower)."
+    return pd.DataFrame(
+        [
+            dict(plan=p, fact_id=f"f{i}", template=t, rank=r + j, logprob=-float(r + j), skipped=False, **columns)
+            for p, r in plans_ranks.items()
+            for i in range(n_facts)
+            for j, t in enumerate(("a", "b"))
+        ]
+    )
 
 # %% ../../nbs/09_testing.ipynb #a7e90002
 SYNTHETIC_REGIMES = {

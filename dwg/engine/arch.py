@@ -13,7 +13,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 # %% auto #0
 __all__ = ['PROJECTIONS', 'FUSED', 'PROBE', 'decoder_layers', 'n_experts', 'is_experts', 'layer_modules', 'unsupported_reason',
-           'is_norm', 'blocks', 'norm_roles', 'canonical_names', 'part_rows', 'global_modules', 'position_axes',
+           'is_norm', 'blocks', 'norm_places', 'canonical_names', 'part_rows', 'global_modules', 'position_axes',
            'Architecture', 'architecture']
 
 # %% ../../nbs/01a_arch.ipynb #696a34db
@@ -190,7 +190,7 @@ def blocks(layer) -> dict[str, str]:
 
 # %% ../../nbs/01a_arch.ipynb #dd8ed63b
 def _norm_places(names: list[str]) -> dict[str, str]:
-    "Where each norm directly in a layer acts (pre_attn, pre_mlp, post_attn, post_mlp) -> its module name."
+    "Where each norm directly in a layer acts (its place: pre_attn, pre_mlp, post_attn, post_mlp) -> its module name."
     found = {role: next((n for n in names if n in options), None) for role, options in _NORMS.items()}
     # Llama: the MLP's pre-norm; Gemma 2 (sandwich), OLMo 2: on attention's output
     if "post_attention_layernorm" in names:
@@ -199,13 +199,13 @@ def _norm_places(names: list[str]) -> dict[str, str]:
     return {k: v for k, v in found.items() if v}
 
 
-def norm_roles(model) -> dict[str, str]:
-    "Where each norm of a decoder layer acts (pre_attn, pre_mlp, post_attn, post_mlp) -> its module path."
+def norm_places(model) -> dict[str, str]:
+    "Where each norm of a decoder layer acts (its place: pre_attn, pre_mlp, post_attn, post_mlp) -> its module path."
     return _norm_places([p for p in layer_modules(model) if "." not in p])
 
 
-def _norm_roles(names: list[str]) -> dict[str, str]:
-    "Canonical norm names (ln1, ln2, ln_post_attn, ln_post_ffn) -> module names, from the norms directly in a layer."
+def _canonical_norms(names: list[str]) -> dict[str, str]:
+    "Canonical norm names (ln1, ln2, ln_post_attn, ln_post_ffn) -> module names, from the norms' places in a layer."
     found = dict.fromkeys(_NORMS) | _norm_places(names)
     out = dict(
         ln1=found["pre_attn"] or found["post_attn"],
@@ -220,7 +220,7 @@ def canonical_names(model) -> dict[str, tuple[str, tuple | None]]:
     "Canonical name -> (module path relative to a decoder layer, fused part or None), for the modules this model has."
     _, layers = decoder_layers(model)
     paths = layer_modules(model)
-    found = {name: (path, None) for name, path in _norm_roles([p for p in paths if "." not in p]).items()}
+    found = {name: (path, None) for name, path in _canonical_norms([p for p in paths if "." not in p]).items()}
     # an MLP's projections may sit in the layer itself
     for block, child in {"mlp": "", **blocks(layers[0])}.items():
         prefix = f"{child}." if child else ""
@@ -351,10 +351,13 @@ class Architecture:
     components: dict[str, tuple[str, tuple | None]]
     # every per-position module path in a layer -> the layers that have it
     modules: dict[str, list[int]]
-    # per-position modules outside the layers: embed, pos_embed, ln_final, lm_head or the path itself -> path
-    globals: dict[str, str]
-    # child names in a layer of its attention and MLP blocks, and `mid`: the norm on attention's output
+    # per-position modules outside the layers (`GLOBAL_COMPONENTS`: embed, pos_embed, ln_final, lm_head, or the path
+    # itself) -> path
+    global_components: dict[str, str]
+    # child names in a layer of its attention and MLP blocks
     blocks: dict[str, str]
+    # the norm on attention's output before the residual sum (Gemma 2 and 3, OLMo 2), or None
+    attn_out_norm: str | None
     # a global's name or a module path in a layer -> (axis of the positions in its input, in its output)
     axes: dict[str, tuple]
     # routed experts per MoE layer (None: no experts) and the paths in a layer of the modules holding them
@@ -366,12 +369,12 @@ class Architecture:
     @property
     def ln_final(self) -> str | None:
         "The path of the norm after the decoder layers, or None."
-        return self.globals.get("ln_final")
+        return self.global_components.get("ln_final")
 
     @property
     def pos_embed(self) -> str | None:
         "The path of a learned position embedding, or None."
-        return self.globals.get("pos_embed")
+        return self.global_components.get("pos_embed")
 
     def layer_path(self, layer: int, path: str = "") -> str:
         "The model path of module `path` (relative to a decoder layer) in decoder layer `layer`, or of the layer."
@@ -387,7 +390,7 @@ def _discover(model) -> Architecture:
             "architecture table in the README for the families checked."
         )
     layers_path, layers = decoder_layers(model)
-    names, roles, modules, n = canonical_names(model), norm_roles(model), layer_modules(model), n_experts(model)
+    names, places, modules, n = canonical_names(model), norm_places(model), layer_modules(model), n_experts(model)
     glob = global_modules(model)
     axes = position_axes(model, {**glob, **{p: f"{layers_path}.{ls[0]}.{p}" for p, ls in modules.items()}})
     per_position = {p: ls for p, ls in modules.items() if axes[p][0] is not None}
@@ -397,8 +400,9 @@ def _discover(model) -> Architecture:
         n_layers=len(layers),
         components={k: v for k, v in names.items() if v[0] in per_position},
         modules=per_position,
-        globals={k: p for k, p in glob.items() if axes[k][0] is not None},
-        blocks={**blocks(layers[0]), **({"mid": roles["post_attn"]} if "post_attn" in roles else {})},
+        global_components={k: p for k, p in glob.items() if axes[k][0] is not None},
+        blocks=blocks(layers[0]),
+        attn_out_norm=places.get("post_attn"),
         axes=axes,
         n_experts=n,
         experts=tuple(p for p, ls in per_position.items() if is_experts(layers[ls[0]].get_submodule(p), n)),

@@ -123,7 +123,7 @@ def graftable(model) -> dict[str, list]:
     """Every component name of `model` -> its module paths (one per layer that has it, or one global). Besides these,
     expert `E` of an expert module is the component `PATH.E` (e.g. `mlp.experts.3`)."""
     arch = architecture(model)
-    found = {name: [path] for name, path in arch.globals.items()}
+    found = {name: [path] for name, path in arch.global_components.items()}
     for path, layers in arch.modules.items():
         for name in _whole_names(arch, path):
             found[name] = [arch.layer_path(i, path) for i in layers]
@@ -143,7 +143,7 @@ def _in_group(model, arch: Architecture, path: str, group: str) -> bool:
 
 def _group(model, arch: Architecture, group: str) -> list[str]:
     "The component names of a group, or of 'all' (every module, each once)."
-    out = [] if group in ("attn", "ffn") else [g for g in arch.globals if group == "all" or g == "ln_final"]
+    out = [] if group in ("attn", "ffn") else [g for g in arch.global_components if group == "all" or g == "ln_final"]
     for path in arch.modules:
         if group == "all" or _in_group(model, arch, path, group):
             out += _whole_names(arch, path)
@@ -588,8 +588,8 @@ def _targets(recipient, donor, layers, components) -> list[Target]:
     idx = resolve_layers(layers, arch.n_layers)  # discovered once per model, not scanned per graft
     out = []
     for name in resolve_components(recipient, components):
-        if name in arch.globals:
-            path = arch.globals[name]
+        if name in arch.global_components:
+            path = arch.global_components[name]
             out.append(Target(_get(recipient, path), _get(donor, path), None, arch.axes[name]))
             continue
         path, part = _where(arch, name)

@@ -175,7 +175,7 @@ def _axes(arch: Architecture, name: str) -> tuple:
 def _path(arch: Architecture, name: str, layer: int | None) -> str | None:
     "The module path of component `name` in `layer` (None: a global component), or None if that layer has none (MoE)."
     if layer is None:
-        return arch.globals[name]
+        return arch.global_components[name]
     rel = _rel_path(arch, name)
     return arch.layer_path(layer, rel) if layer in arch.modules[rel] else None
 
@@ -501,9 +501,9 @@ def interpolated(sites: list[_Site], models: list):
 # %% ../../nbs/03a_interpolate.ipynb #c012
 def role_index(prep: dict, roles: list[str]) -> torch.Tensor:
     "(batch, seq) index into `roles` of each position's role (the first role that claims it); len(roles) for none."
-    ids = prep["batch"]["input_ids"]
+    ids = prep.batch["input_ids"]
     out = torch.full(ids.shape, len(roles), dtype=torch.long)
-    for i, (fields, pad) in enumerate(zip(prep["fields"], prep["pads"])):
+    for i, (fields, pad) in enumerate(zip(prep.fields, prep.pads)):
         n = ids.shape[1] - pad
         for j, role in enumerate(roles):
             pos = range(n) if role == "other" else [n - 1] if role == "last_token" else fields.get(role, [])
@@ -527,13 +527,13 @@ def check_examples(grid: Grid, examples: list[dict]):
 
 def target_logprob(logits: torch.Tensor, prep: dict) -> torch.Tensor:
     "Log-probability of each example's first target token from last-position logits."
-    tids = torch.tensor([t[0] for t in prep["targets"]], device=logits.device)
+    tids = torch.tensor([t[0] for t in prep.targets], device=logits.device)
     return logits[:, -1].float().log_softmax(-1).gather(1, tids[:, None])[:, 0]
 
 
 def logprobs_at(recipient, prep: dict, roles: torch.Tensor, set_point, values: torch.Tensor, grad: bool):
     "Target log-probabilities (batch,) at cell values `values`, and their gradient against each cell (batch, n_cells)."
-    batch = prep["batch"]
+    batch = prep.batch
     point = _Point(values, roles, batch["attention_mask"].bool(), grad)
     set_point(point)
     with torch.set_grad_enabled(grad):

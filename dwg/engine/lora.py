@@ -55,14 +55,15 @@ def check_adapter_config(cfg: dict, source: str) -> dict:
     if cfg.get("bias", "none") != "none":
         raise ValueError(
             f"{source} trains the base model's biases (bias={cfg['bias']!r}); dwg applies LoRA deltas only. "
-            "Fix: fine-tune with bias='none', or merge the adapter (dwg.science.models.load) and graft that model."
+            "Fix: fine-tune with bias='none', or merge the adapter (dwg.science.facts.models.load) and graft that "
+            "model."
         )
     extra = sorted(k for k, v in cfg.items() if k not in _PLAIN_KEYS and v not in (None, False, {}, [], "", 0))
     if extra:
         raise ValueError(
             f"{source} sets {', '.join(f'{k}={cfg[k]!r}' for k in extra)}: not a plain LoRA adapter, "
             "so its grafted modules would compute something else than base + B A x. Fix: merge it "
-            "(dwg.science.models.load(adapter_dir) merges with peft) and graft the merged model."
+            "(dwg.science.facts.models.load(adapter_dir) merges with peft) and graft the merged model."
         )
     return cfg
 
@@ -102,13 +103,13 @@ def _deltas(state: dict, cfg: dict, source: str) -> dict[str, LoraDelta]:
         if m is None:
             raise ValueError(
                 f"{source} holds '{key}', which is not a LoRA A/B weight of a module; dwg applies plain "
-                "LoRA deltas only. Fix: merge the adapter (dwg.science.models.load) and graft the merged model."
+                "LoRA deltas only. Fix: merge the adapter (dwg.science.facts.models.load) and graft the merged model."
             )
         if m[2].startswith("lora_embedding"):
             raise ValueError(
                 f"{source} adapts the embedding '{m[1]}' (LoRA on embeddings); dwg grafts LoRA on linear "
                 "layers only. Fix: fine-tune with target_modules naming linear layers (e.g. q_proj, "
-                "v_proj, down_proj), or merge the adapter (dwg.science.models.load) and graft the merged model."
+                "v_proj, down_proj), or merge the adapter (dwg.science.facts.models.load) and graft the merged model."
             )
         parts.setdefault(m[1], {})[m[2]] = value
     out = {}
@@ -229,7 +230,7 @@ def _check_recipient(recipient, adapter: Adapter):
         raise ValueError(
             f"{adapter.source} was trained on '{adapter.base}' (base_model_name_or_path), but the "
             f"recipient is '{have}': its deltas only mean something on top of their own base model. Fix: "
-            f"graft into dwg.science.models.load('{adapter.base}'); if the recipient is that model under another "
+            f"graft into dwg.science.facts.models.load('{adapter.base}'); if the recipient is that model under another "
             "name, pass dwg.engine.lora.read_adapter(src, check_base=False) as the donor."
         )
 
@@ -308,6 +309,6 @@ def as_donor(recipient, donor):
     if isinstance(donor, (str, os.PathLike)) and adapter_dir(donor) is None:
         raise ValueError(
             f"Donor {str(donor)!r} is a path but not a LoRA adapter directory (no {ADAPTER_CONFIG}). "
-            "Fix: pass a loaded model (dwg.science.models.load(path)[0]) or an adapter directory."
+            "Fix: pass a loaded model (dwg.science.facts.models.load(path)[0]) or an adapter directory."
         )
     return DonorView(recipient, read_adapter(donor)) if is_lora_donor(donor) else donor

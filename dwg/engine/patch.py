@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 import torch
 from .arch import part_rows
 from .cache import output_cache, passed_cache
@@ -16,7 +17,7 @@ from .graft import aligned_mask, as_mask, check_batch_hook, check_compatible, re
 from .arch import architecture
 
 # %% auto #0
-__all__ = ['SITES', 'model_sites', 'resolve_sites', 'patch']
+__all__ = ['SITES', 'model_sites', 'resolve_sites', 'DonorRuns', 'patch']
 
 # %% ../../nbs/02b_patch.ipynb #f4a6aec0
 SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "q", "k", "v", "o", "gate", "up", "down")
@@ -64,7 +65,7 @@ def _site_module(model, site: str, layer: int) -> tuple:
     if site in ("resid_pre", "resid_post"):
         return block, None
     if site == "resid_mid":  # the module whose output the layer adds to its input: the attention block, or its norm
-        return block.get_submodule(arch.blocks.get("mid", arch.blocks["attn"])), None
+        return block.get_submodule(arch.attn_out_norm or arch.blocks["attn"]), None
     if site in _BLOCK_SITES:
         return block.get_submodule(arch.blocks[_BLOCK_SITES[site]]), None
     path, part = arch.components[site]
@@ -150,13 +151,31 @@ class _SharedCache:
         self.cache = cache
 
 
-def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tuple[dict, object]:
+@dataclass
+class DonorRuns:
+    """The donors' runs on one batch, shared by the `patch` contexts over it so that each donor runs once, by donor
+    name: `planned` names the sites each donor's contexts will patch (all recorded on its first run)."""
+
+    planned: dict = field(default_factory=dict)  # donor name -> the site names its contexts on this batch patch
+    recorded: dict = field(default_factory=dict)  # (donor name, inputs) -> {acts, sites, cache}
+    donors: dict = field(default_factory=dict)  # donor name -> its model: one name, one model
+
+    def run(self, name: str, donor, inputs: tuple) -> dict:
+        "The record of the run of `donor` (called `name`) on `inputs`, empty until it runs; one name, one model."
+        if self.donors.setdefault(name, donor) is not donor:
+            raise ValueError(
+                f"patch: two donor models are both called {name!r} in one DonorRuns. Fix: give each its own donor_name."
+            )
+        return self.recorded.setdefault((name, inputs), dict(acts={}, sites=set(), cache=None))
+
+
+def _reused_run(donor, name: str, sites: set, args: tuple, kwargs: dict, runs: DonorRuns) -> tuple[dict, object]:
     """The donor's activations at every layer of `sites` on these inputs, from `runs` (recorded by an earlier `patch`
-    on the same batch) or recorded now for all layers of the sites missing, and of those `runs["sites"][id(donor)]`
-    names (the sites later contexts on this batch will patch); and its KV cache, shared."""
-    run = runs.setdefault((id(donor), _inputs_key(args, kwargs)), dict(acts={}, sites=set(), cache=None))
+    on the same batch) or recorded now for all layers of the sites missing, and of those `runs.planned` names for
+    this donor (the sites later contexts on this batch will patch); and its KV cache, shared."""
+    run = runs.run(name, donor, _inputs_key(args, kwargs))
     if missing := sites - run["sites"]:
-        missing |= set(runs.get("sites", {}).get(id(donor), ())) - run["sites"]
+        missing |= set(runs.planned.get(name, ())) - run["sites"]
         n = architecture(donor).n_layers
         acts, out = _record(donor, {(s, i): _site_module(donor, s, i) for s in missing for i in range(n)}, args, kwargs)
         run["acts"].update(acts)
@@ -165,7 +184,7 @@ def _reused_run(donor, sites: set, args: tuple, kwargs: dict, runs: dict) -> tup
     return run["acts"], None if run["cache"] is None else _SharedCache(run["cache"])
 
 # %% ../../nbs/02b_patch.ipynb #a2071389
-def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dict | None = None, mask=None):
+def _donor_pass(donor, donor_name: str, targets: dict, state: dict, runs, whole: dict | None = None, mask=None):
     """A forward pre-hook on the recipient: run the donor on the same inputs (or reuse `runs`), keep what `state` needs;
     with `whole`, the recipient runs the columns of that batch that end where `mask` ends (all of them, or a head
     without the last): the donor runs all of it, its activations cut to those columns."""
@@ -184,13 +203,15 @@ def _donor_pass(donor, targets: dict, state: dict, runs: dict | None, whole: dic
                     "takes from its cache. Fix: start the recipient at the first patched column."
                 )
             acts, state["donor_cache"] = _reused_run(
-                donor, {s for s, _ in targets}, (), whole, {} if runs is None else runs
+                donor, donor_name, {s for s, _ in targets}, (), whole, DonorRuns() if runs is None else runs
             )
             state["acts"] = {key: acts[key][:, skipped : mask.shape[1]] for key in targets}  # the mask may end early
             return
         name, cache = passed_cache(kwargs)
         if cache is None and runs is not None:
-            state["acts"], state["donor_cache"] = _reused_run(donor, {s for s, _ in targets}, args, kwargs, runs)
+            state["acts"], state["donor_cache"] = _reused_run(
+                donor, donor_name, {s for s, _ in targets}, args, kwargs, runs
+            )
             return
         if cache is not None:  # a continued sequence: the donor continues its own cache of the same tokens
             paired = _DONOR_CACHES.get(cache, {}).get(id(donor))
@@ -243,20 +264,27 @@ def _splice_hooks(hooks: Hooks, recipient, targets: dict, mask: torch.Tensor, st
     # registered last, so they keep the layer input after a `resid_pre` patch of the same layer changed it
     _keep_layer_inputs(hooks, recipient, [i for s, i in targets if s == "resid_mid"], inputs)
 
-
+# %% ../../nbs/02b_patch.ipynb #724e2837
 @contextmanager
 def patch(
-    recipient, donor, mask, layers="all", sites=("resid_post",), runs: dict | None = None, whole: dict | None = None
+    recipient,
+    donor,
+    mask,
+    layers="all",
+    sites=("resid_post",),
+    runs: DonorRuns | None = None,
+    whole: dict | None = None,
+    donor_name: str = "donor",
 ):
     """Inside this context, `recipient`'s activations at `sites` x `layers` are `donor`'s where `mask` is True. `runs`:
-    a dict shared by `patch` contexts over the same batch, so the donor runs once per batch, not once per context
-    (its entry `"sites"`, {id(donor): site names}, makes that run record the sites of the contexts still to come).
+    a `DonorRuns` shared by `patch` contexts over the same batch, so each donor (by `donor_name`) runs once per batch,
+    not once per context (its `planned` sites make that run record the sites of the contexts still to come).
     `whole`: the model's keyword arguments for the whole batch, when the recipient runs only its last columns after a
     cache of its own first ones (which the mask must leave alone); the donor runs the whole batch."""
     if is_lora_donor(donor):
         raise ValueError(
             "patch needs the donor's own forward pass, and a LoRA adapter is not a model. Fix: patch from "
-            "the merged model, dwg.science.models.load(adapter_dir)[0] (grafting takes the adapter itself)."
+            "the merged model, dwg.science.facts.models.load(adapter_dir)[0] (grafting takes the adapter itself)."
         )
     check_compatible(recipient, donor)
     mask = as_mask(mask)
@@ -267,7 +295,9 @@ def patch(
     try:
         with Hooks() as hooks:
             hooks.before(recipient, check_batch_hook(mask), with_kwargs=True)
-            hooks.before(recipient, _donor_pass(donor, donor_targets, state, runs, whole, mask), with_kwargs=True)
+            hooks.before(
+                recipient, _donor_pass(donor, donor_name, donor_targets, state, runs, whole, mask), with_kwargs=True
+            )
             hooks.after(recipient, _pair_caches(donor, state))
             _splice_hooks(hooks, recipient, {k: _site_module(recipient, *k) for k in keys}, mask, state)
             yield recipient

@@ -4,20 +4,32 @@
 
 # %% ../../nbs/01b_prompts.ipynb #p003
 from __future__ import annotations
+from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'token_positions', 'check_example', 'prepare']
+__all__ = ['Encoded', 'encode', 'target_token_ids', 'last_logits', 'rank_and_prob', 'batches', 'token_positions', 'check_example',
+           'Prepared', 'prepare']
 
 # %% ../../nbs/01b_prompts.ipynb #4588d2b7
 def _pad_id(tokenizer) -> int:
     """The token id that fills padding: the tokenizer's pad token, else its eos token (what
-    `dwg.science.models.load` sets), else 0. Any id will do: padding is masked out. The tokenizer is left as it is."""
+    `dwg.science.facts.models.load` sets), else 0. Any id will do: padding is masked out. The tokenizer is left as
+    it is."""
     return next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
 
 
-def encode(tokenizer, prompts: list[str], device=None) -> dict:
+@dataclass
+class Encoded:
+    "Prompts tokenized together: the model's keyword arguments (`batch`), each prompt's char offsets and pad count."
+
+    batch: dict  # input_ids, attention_mask, position_ids: (n prompts, width), left-padded
+    offsets: list  # per prompt: the (start, end) characters of each of its tokens
+    pads: list  # per prompt: how many pad columns come before it
+
+
+def encode(tokenizer, prompts: list[str], device=None) -> Encoded:
     "Tokenize `prompts` with left padding and explicit position ids; keep each prompt's char offsets and pad count."
     encs = [tokenizer(p, return_offsets_mapping=True) for p in prompts]
     width = max(len(e["input_ids"]) for e in encs)
@@ -32,9 +44,7 @@ def encode(tokenizer, prompts: list[str], device=None) -> dict:
     batch = dict(input_ids=ids, attention_mask=attn, position_ids=pos)
     if device is not None:
         batch = {k: v.to(device) for k, v in batch.items()}
-    return dict(
-        batch=batch, offsets=[e["offset_mapping"] for e in encs], pads=[width - len(e["input_ids"]) for e in encs]
-    )
+    return Encoded(batch, [e["offset_mapping"] for e in encs], [width - len(e["input_ids"]) for e in encs])
 
 # %% ../../nbs/01b_prompts.ipynb #78d56cfc
 def target_token_ids(tokenizer, prompt: str, target: str) -> list[int]:
@@ -101,12 +111,20 @@ def check_example(e) -> None:
         )
 
 
-def prepare(tokenizer, examples: list[dict], device=None) -> dict:
+@dataclass
+class Prepared(Encoded):
+    "A chunk of evaluation examples tokenized once: the `Encoded` prompts, each one's field positions and target ids."
+
+    fields: list  # per example: span role -> its token positions (before padding)
+    targets: list  # per example: the target's token ids
+    examples: list  # the examples themselves
+
+
+def prepare(tokenizer, examples: list[dict], device=None) -> Prepared:
     "Tokenize a chunk of evaluation examples once (each checked): batch, per-example field token positions, target ids."
     for e in examples:
         check_example(e)
     enc = encode(tokenizer, [e["prompt"] for e in examples], device)
-    enc["fields"] = [token_positions(tokenizer, e["prompt"], e.get("spans", {})) for e in examples]
-    enc["targets"] = [target_token_ids(tokenizer, e["prompt"], e["target"]) for e in examples]
-    enc["examples"] = examples
-    return enc
+    fields = [token_positions(tokenizer, e["prompt"], e.get("spans", {})) for e in examples]
+    targets = [target_token_ids(tokenizer, e["prompt"], e["target"]) for e in examples]
+    return Prepared(enc.batch, enc.offsets, enc.pads, fields, targets, examples)

@@ -20,7 +20,6 @@ from .run_dirs import run_state
 from .locks import RunBusy, SweepBusy, sweep_lock
 from .space import NoSpace, check_space, estimate_runs
 from .execute import interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_redo
-from .log import log_to_stderr
 from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
@@ -148,7 +147,7 @@ def _check_space(args, graph: dict, todo: list) -> None:
         if not args.force:
             raise
         line = f"{str(e).splitlines()[0]} (--force: going on)"
-    print(f"dwg.pipeline.sweep: {line}")
+    logger.info(line)
 
 
 def _prepare(args, graph: dict) -> dict:
@@ -157,12 +156,11 @@ def _prepare(args, graph: dict) -> dict:
     states = {r.key: run_state(rd, r) for r in graph_runs(graph)}
     redo = runs_to_redo(graph, states)
     done = sum(s == "done" for s in states.values()) - sum(states[r.key] == "done" for r in redo)
-    print(f"dwg.pipeline.sweep: {graph['sweep']} ({graph['source']}): {len(states)} runs, {done} already done -> {rd}")
+    logger.info(f"{graph['sweep']} ({graph['source']}): {len(states)} runs, {done} already done -> {rd}")
     for r in redo:
         why = "" if states[r.key] == "corrupt" else ", but it read a corrupt run"
-        print(
-            f"dwg.pipeline.sweep: {r.key} ({r.label}) is {states[r.key]}{why}: "
-            + ("it would be redone" if args.dry_run else "redoing it")
+        logger.info(
+            f"{r.key} ({r.label}) is {states[r.key]}{why}: " + ("it would be redone" if args.dry_run else "redoing it")
         )
     redo_keys = {r.key for r in redo}
     if todo := [r for r in graph_runs(graph) if states[r.key] != "done" or r.key in redo_keys]:
@@ -182,7 +180,7 @@ def _run_slurm(args, graph: dict) -> int:
         after = f" after {','.join(s['depends_on'])}" if s["depends_on"] else ""
         print(f"  {st:18s} job {s['job_id']} ({len(s['runs'])} runs){after}")
     if not rec["stages"]:
-        print("dwg.pipeline.sweep: nothing to submit: every run is done.")
+        logger.info("nothing to submit: every run is done.")
     if not args.wait or args.dry_run:
         return 0
     try:
@@ -224,7 +222,7 @@ def cmd_run(args) -> int:
     if not args.slurm and not args.dry_run:
         start_forkserver()  # it imports papermill while the sweep is checked
     sweep = load_sweep(_which(args))
-    graph = make_graph(sweep, _runs_dir(args, sweep["name"]), args.notebooks)
+    graph = make_graph(sweep, _runs_dir(args, sweep.name), args.notebooks)
     with contextlib.nullcontext() if args.dry_run else sweep_lock(graph["runs_dir"], wait=args.wait):
         states = _prepare(args, graph)
         if args.dry_run and not args.slurm:
@@ -271,7 +269,6 @@ def cmd_show(args) -> int:
 
 def main(argv=None) -> int:
     "Entry point of `python -m dwg.pipeline.cli`; dwg's messages go to stderr as `dwg: message`."
-    log_to_stderr()
     args = _parser().parse_args(argv)
     commands = {
         "run": cmd_run,

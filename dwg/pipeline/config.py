@@ -71,7 +71,9 @@ class TrainConfig:
     )
     logging_steps: int = 10
     gradient_checkpointing: bool = False
-    reuse_freed_memory: bool = True  # keep memory freed between steps for the next one (dwg.runs.reusing_freed_memory):
+    reuse_freed_memory: bool = (
+        True  # keep memory freed between steps for the next one (dwg.records.progress.reusing_freed_memory):
+    )
     # the same training, without new pages for every step's large buffers
     report_to: str = "none"  # e.g. tensorboard, wandb
     trainer: dict = field(default_factory=dict)  # extra TrainingArguments by name

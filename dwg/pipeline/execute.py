@@ -12,7 +12,9 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from ..runs import atomic_write, is_finished, read_json, PROGRESS_FILE_VAR
+from ..records.files import atomic_write, read_json
+from ..records.run_record import is_finished
+from ..records.progress import PROGRESS_FILE_VAR
 from .locks import run_lock
 from .space import space_shortfall
 from .sweep_file import STAGES, Stage, SweepError
@@ -181,7 +183,7 @@ def _attempt(graph: dict, run: Run, p: RunPaths, progress: bool) -> str:
     atomic_write(p.tmp / "sweep_run.json", json.dumps(info, indent=1))
     for f in (p.progress, p.tmp / RESERVE):
         f.unlink(missing_ok=True)
-    # the run is done: a plain rename, atomic on one file system. Not dwg.runs.publish_dir: the final directory
+    # the run is done: a plain rename, atomic on one file system. Not dwg.records.files.publish_dir: the final directory
     # does not exist here (_prepare_tmp moved anything there aside), and a run must never replace a finished one
     os.rename(p.tmp, p.final)
     return "done"
@@ -214,10 +216,10 @@ def run_from_graph(graph_path, key: str | None = None, stage: str | None = None,
     run = next((r for r in graph_runs(graph) if r.key == key), None)
     if run is None:
         raise SweepError(f"No run {key} in {graph_path}")
-    print(f"dwg.pipeline.sweep: {key} ({run.label}) on {os.uname().nodename}, pid {os.getpid()}", flush=True)
+    logger.info(f"{key} ({run.label}) on {os.uname().nodename}, pid {os.getpid()}")
     state = run_one(graph, run, progress=False)
     why = run_failure(graph["runs_dir"], run) if state in ("failed", "interrupted") else None
-    print(f"dwg.pipeline.sweep: {key}: {state}" + (f": {why}" if why else ""), flush=True)
+    logger.info(f"{key}: {state}" + (f": {why}" if why else ""))
     return 0 if state in ("done", "skipped") else (130 if state == "interrupted" else 1)
 
 # %% ../../nbs/05f_execute.ipynb #dc01b23c

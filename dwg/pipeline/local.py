@@ -5,6 +5,7 @@
 # %% ../../nbs/05b_local.ipynb #28ffc9b7
 from __future__ import annotations
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -20,11 +21,12 @@ from .sweep import graph_runs, save_graph
 from .run_dirs import is_done, run_paths, run_state
 from .locks import process_alive, process_start
 from .execute import interrupt_on_sigterm, run_failure, run_from_graph
-from .log import log_to_stderr
 from .status import ProgressNote, running_text
 
+logger = logging.getLogger(__name__)
+
 # %% auto #0
-__all__ = ['start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
+__all__ = ['logger', 'start_forkserver', 'fmt_seconds', 'stage_summary', 'run_local']
 
 # %% ../../nbs/05b_local.ipynb #27a5cd3e
 def _die_with_parent():
@@ -75,7 +77,6 @@ def _run_child(graph_path: str, key: str, log: str, env: dict, cwd: str, sweep_p
         os.environ.clear()
         os.environ.update(env)
         _redirect_output(log)
-        log_to_stderr()  # dwg's messages into the run's log
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, interrupt_on_sigterm)
         code = run_from_graph(graph_path, key)
@@ -204,12 +205,10 @@ def _child_state(runs_dir, r, proc: _Child) -> str:
 def _report(runs_dir, r, state: str):
     "A line about a run that did not finish: why, and where its notebook and log are."
     if state == "busy":
-        tqdm.write(
-            f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) is being executed by another process; not waiting for it"
-        )
+        logger.warning(f"{r.stage} {r.label} ({r.id}) is being executed by another process; not waiting for it")
     elif state != "done":
         p, why = run_paths(runs_dir, r), run_failure(runs_dir, r) or "no reason recorded"
-        tqdm.write(f"dwg.pipeline.sweep: {r.stage} {r.label} ({r.id}) {state}: {why}; see {p.notebook} and {p.log}")
+        logger.warning(f"{r.stage} {r.label} ({r.id}) {state}: {why}; see {p.notebook} and {p.log}")
 
 # %% ../../nbs/05b_local.ipynb #31719db2
 def run_local(graph: dict, jobs: int = 1, progress: bool = True, graph_path=None, log_every: float = 60) -> dict:

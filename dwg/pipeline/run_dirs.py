@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from ..runs import check_outputs, is_finished
+from ..records.run_record import check_outputs, is_finished
 from .locks import lock_holder
 from .sweep_file import STAGES
 from .sweep import Run
@@ -17,7 +17,7 @@ __all__ = ['STATES', 'PROGRESS', 'RunPaths', 'run_paths', 'is_done', 'run_state'
 
 # %% ../../nbs/05a_run_dirs.ipynb #68c22a28
 STATES = ("done", "corrupt", "running", "failed", "interrupted", "pending")
-PROGRESS = "progress.txt"  # in a running run's directory: the notebook's last progress line (dwg.runs.report_progress)
+PROGRESS = "progress.txt"  # in a running run's directory: the notebook's last progress line (report_progress)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 from tqdm import tqdm
-from ..runs import atomic_write, read_json
+from ..records.files import atomic_write, read_json
 from .sweep_file import SECTIONS, STAGE_ORDER, SweepError
 from .sweep import graph_runs, read_graph, save_graph
 from .run_dirs import is_done, run_state

@@ -59,7 +59,7 @@ def _meta_model(name: str):
     "Model `name` built on the meta device (no weights, no memory) from its config; None when no config is at hand."
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    from dwg.science import models
+    from dwg.science.facts import models
 
     try:
         if name in models.TINY_MODELS:
@@ -125,15 +125,15 @@ def _model_estimate(run: Run, net) -> dict:
 
 def _graft_estimate(run: Run, by_key: dict, net) -> dict:
     "A grafting run: a result row per plan x fact x template."
-    from dwg.science.plans import expand_plans
-    from dwg.science.data import EVAL_TEMPLATES
+    from dwg.science.scoring.plans import plans_at
+    from dwg.science.facts.data import EVAL_TEMPLATES
 
     dataset = by_key[run.params["dataset_dir"][1:]].params
     facts = dataset["n_facts"] // (1 if run.params.get("split", "all") == "all" else 2)
     facts = min(facts, run.params.get("max_examples") or facts)
     templates = run.params.get("templates")
     templates = len(templates) if isinstance(templates, list) else len(EVAL_TEMPLATES)
-    plans = len(expand_plans(run.params["plans"], net.config.num_hidden_layers if net is not None else 32))
+    plans = len(plans_at(run.params["plans"], net.config.num_hidden_layers if net is not None else 32))
     return dict(
         keep=ROW_BYTES * plans * facts * templates,
         peak=0,

@@ -127,7 +127,7 @@ def throughput(tokens: int, padded: int, seconds: float, n_params: int, flops: l
 def throughput_line(t: dict) -> str:
     "One line for the training log: tokens/s, the ceiling and the ratio."
     return (
-        f"dwg.pipeline.train: {t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
+        f"{t['tokens_per_s']:.0f} tokens/s ({t['padded_tokens_per_s']:.0f} with padding) in "
         f"{t['step_seconds']:.0f} s of training steps = {100 * t['ratio']:.0f}% of this machine's ceiling "
         f"{t['ceiling_tokens_per_s']:.0f} tokens/s (6 x {t['params'] / 1e6:.1f}M params at "
         f"{statistics.median(t['matmul_gflops']):.0f} GFLOP/s {t['matmul_dtype']} matmul, median reading)"

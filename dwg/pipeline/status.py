@@ -4,16 +4,20 @@
 
 # %% ../../nbs/05g_status.ipynb #aa5a9b0b
 from __future__ import annotations
+import logging
 import sys
 import time
 from pathlib import Path
-from ..runs import check_outputs, read_progress
+from ..records.run_record import check_outputs
+from ..records.progress import read_progress
 from .sweep import Run, graph_runs, read_graph
 from .run_dirs import run_paths, run_state
 from .execute import run_failure
 
+logger = logging.getLogger(__name__)
+
 # %% auto #0
-__all__ = ['progress_line', 'status', 'format_status', 'running_text', 'ProgressNote']
+__all__ = ['logger', 'progress_line', 'status', 'format_status', 'running_text', 'ProgressNote']
 
 # %% ../../nbs/05g_status.ipynb #f32e3782
 def progress_line(runs_dir, run) -> str | None:
@@ -94,5 +98,5 @@ class ProgressNote:
             self.text = text
         if self.bar.disable or self.tty or not text or text == self.logged or time.time() - self.at < self.every:
             return
-        self.bar.write(f"dwg.pipeline.sweep: {self.bar.n}/{self.bar.total} runs finished; {text}")
+        logger.info(f"{self.bar.n}/{self.bar.total} runs finished; {text}")
         self.logged, self.at = text, time.time()

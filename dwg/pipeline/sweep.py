@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import dwg
-from ..science import data
-from ..runs import atomic_write, read_json
+from ..science.facts import data
+from ..records.files import atomic_write, read_json
 from dwg.pipeline.sweep_file import (
     GRAFT_SECTIONS,
     MODEL_SECTIONS,
@@ -22,8 +22,8 @@ from dwg.pipeline.sweep_file import (
     resolve_pairs,
     training_overrides,
 )
-from .sweep_checks import load_sweep
-from ..science.plans import plans_digest
+from .sweep_checks import Sweep, load_sweep
+from ..science.scoring.plans import plans_digest
 
 # %% auto #0
 __all__ = ['Run', 'run_id', 'Training', 'trainings', 'regime_settings', 'expand', 'default_notebooks_dir', 'notebook_parameters',
@@ -58,17 +58,18 @@ def _make(stage: str, label: str, params: dict, inputs=(), extra=None) -> Run:
     return Run(stage, run_id(stage, params, dict(inputs=inputs, extra=extra)), label, params, inputs)
 
 # %% ../../nbs/05_sweep.ipynb #e717e9c7
-def _needed_models(s: dict, names: list) -> dict:
+def _needed_models(s: Sweep, names: list) -> dict:
     "(model, dataset) -> the training splits the grafting sections need."
-    need, split = {}, lambda sec: [s[sec]["split"] if s[sec] else "all"]  # SFT: on the facts it is tested on
+    # SFT: on the facts it is tested on
+    need, split = {}, lambda sec: [s.sections[sec]["split"] if s.sections[sec] else "all"]
     for sec, splits in (
         ("graft_positions", split("graft_positions")),
         ("graft_components", ["task", "relation"]),
         ("graft_methods", split("graft_methods")),
         ("localize", split("localize")),
     ):
-        if s[sec]:
-            for pair in resolve_pairs(s[sec]["pairs"], s["models"], names, f"{sec}.pairs"):
+        if s.sections[sec]:
+            for pair in resolve_pairs(s.sections[sec]["pairs"], s.models, names, f"{sec}.pairs"):
                 need.setdefault(pair, []).extend(splits)
     return need
 
@@ -125,13 +126,13 @@ def _model_run(t: dict, m: str, d: str, ds_run: Run, split: str, tr: Training, e
     return _make("models", tr.label(f"{m}:{d}:{role}", t), p, [ds_run.key], extra)
 
 
-def _model_runs(s: dict, ds: dict) -> dict:
+def _model_runs(s: Sweep, ds: dict) -> dict:
     "(model, dataset, split, regime, seed) -> the training run, for every model a grafting section needs."
-    names, t = list(s["datasets"]), s["train"]
+    names, t = list(s.datasets), s.sections["train"]
     need = _needed_models(s, names)
     if not t:
         return {}
-    _check_trained(need, resolve_pairs(t["pairs"], s["models"], names, "train.pairs"))
+    _check_trained(need, resolve_pairs(t["pairs"], s.models, names, "train.pairs"))
     from dwg.pipeline.config import profile_content  # transformers: loaded only when a sweep is expanded
 
     runs = {}
@@ -143,9 +144,9 @@ def _model_runs(s: dict, ds: dict) -> dict:
     return runs
 
 # %% ../../nbs/05_sweep.ipynb #73d3b7a4
-def _graft_run(s: dict, sec: str, m: str, d: str, ds_run: Run, models: dict, tr: Training) -> Run:
+def _graft_run(s: Sweep, sec: str, m: str, d: str, ds_run: Run, models: dict, tr: Training) -> Run:
     "The run of section `sec` on model `m` and dataset `d` (run `ds_run`), grafting the models of the training `tr`."
-    opts = {k: v for k, v in s[sec].items() if k != "pairs"}
+    opts = {k: v for k, v in s.sections[sec].items() if k != "pairs"}
     model = lambda split: models[(m, d, split, tr.regime, tr.seed)]
     if sec != "graft_components":  # with split: relation, the SFT model is the relation model
         ins = [model(opts["split"])]
@@ -157,20 +158,20 @@ def _graft_run(s: dict, sec: str, m: str, d: str, ds_run: Run, models: dict, tr:
         p["train_regime"] = tr.regime
     # the plans' definitions in the id: a run made under an older meaning of a plan name is not reused
     digest = dict(plans=plans_digest(opts["plans"])) if "plans" in opts else None
-    run = _make(sec, tr.label(f"{m}:{d}", s["train"]), p, [ds_run.key] + [r.key for r in ins], digest)
+    run = _make(sec, tr.label(f"{m}:{d}", s.sections["train"]), p, [ds_run.key] + [r.key for r in ins], digest)
     if sec in GRAFT_SECTIONS:  # stamped on its rows; not in its id, which holds its models' ids, and so the seed
         run.params["train_seed"] = tr.seed
     return run
 
 
-def _graft_runs(s: dict, ds: dict, models: dict) -> list[Run]:
+def _graft_runs(s: Sweep, ds: dict, models: dict) -> list[Run]:
     "One run per grafting section, (model, dataset) pair and training (regime and seed)."
     return [
         _graft_run(s, sec, m, d, ds[d], models, tr)
         for sec in MODEL_SECTIONS
-        if s[sec]
-        for m, d in resolve_pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), f"{sec}.pairs")
-        for tr in trainings(s["train"], d)
+        if s.sections[sec]
+        for m, d in resolve_pairs(s.sections[sec]["pairs"], s.models, list(s.datasets), f"{sec}.pairs")
+        for tr in trainings(s.sections["train"], d)
     ]
 
 
@@ -192,9 +193,9 @@ def _figures_run(f: dict, label: str, keys: list, k) -> Run:
     return _make("figures", label, dict(runs_dir="@runs", include=keys, **{**opts, "k": k}), keys)
 
 
-def _regime_groups(s: dict, drawn: list[Run]) -> dict:
+def _regime_groups(s: Sweep, drawn: list[Run]) -> dict:
     "The grafting runs each figures run reads: all of them (None), or each regime's own."
-    regimes = (s["train"] or {}).get("regimes")
+    regimes = (s.sections["train"] or {}).get("regimes")
     if not regimes:
         return {None: drawn}
     groups = {r: [g for g in drawn if g.params.get("train_regime") == r] for r in regimes}
@@ -210,28 +211,28 @@ def regime_settings(t: dict) -> dict:
     return {name: {k: getattr(cfg, k) for k in changed} for name, cfg in resolved.items()}
 
 
-def _figures_runs(s: dict, ds: dict, grafts: list[Run]) -> list[Run]:
+def _figures_runs(s: Sweep, ds: dict, grafts: list[Run]) -> list[Run]:
     "Figures runs: over every grafting run (or each regime's), per dataset too; with regimes, the `regimes` run."
-    f, drawn = s["figures"], [g for g in grafts if g.stage in GRAFT_SECTIONS]
+    f, drawn = s.sections["figures"], [g for g in grafts if g.stage in GRAFT_SECTIONS]
     if not f or not drawn:
         return []
     runs = []
     for regime, mine in _regime_groups(s, drawn).items():
-        name = s["name"] + (f":{regime}" if regime else "")
+        name = s.name + (f":{regime}" if regime else "")
         runs.append(_figures_run(f, name, [g.key for g in mine], f["k"]))
-        for d in s["datasets"] if f["per_dataset"] else []:  # one more figures run per dataset, with its own k
+        for d in s.datasets if f["per_dataset"] else []:  # one more figures run per dataset, with its own k
             if keys := [g.key for g in mine if g.params["dataset_dir"] == f"@{ds[d].key}"]:
                 runs.append(_figures_run(f, f"{name}:{d}", keys, (f["k_by_dataset"] or {}).get(d, f["k"])))
-    if (s["train"] or {}).get("regimes"):
-        keys, settings = [g.key for g in drawn], regime_settings(s["train"])
-        runs.append(_make("regimes", s["name"], dict(runs_dir="@runs", include=keys, k=f["k"], regimes=settings), keys))
+    if (s.sections["train"] or {}).get("regimes"):
+        keys, settings = [g.key for g in drawn], regime_settings(s.sections["train"])
+        runs.append(_make("regimes", s.name, dict(runs_dir="@runs", include=keys, k=f["k"], regimes=settings), keys))
     return runs
 
 
 def expand(sweep) -> list[Run]:
     "The run graph of a sweep, in stage order: datasets, models, graft_positions/components/methods, figures, regimes."
-    s = sweep if "source" in sweep else load_sweep(sweep)
-    ds = {name: _dataset_run(name, d) for name, d in s["datasets"].items()}
+    s = load_sweep(sweep)
+    ds = {name: _dataset_run(name, d) for name, d in s.datasets.items()}
     models = _model_runs(s, ds)
     grafts = _graft_runs(s, ds, models)
     runs = [*ds.values(), *models.values(), *grafts, *_figures_runs(s, ds, grafts)]
@@ -307,18 +308,18 @@ def check_notebooks(runs: list[Run], notebooks_dir) -> None:
 # %% ../../nbs/05_sweep.ipynb #5d616b87
 def make_graph(sweep, runs_dir, notebooks_dir=None) -> dict:
     "Load, validate and expand `sweep`, check its notebooks; the graph as a JSON-able dict."
-    s = sweep if isinstance(sweep, dict) and "source" in sweep else load_sweep(sweep)
+    s = load_sweep(sweep)
     runs = expand(s)
     nbd = Path(notebooks_dir or default_notebooks_dir()).resolve()
     check_notebooks(runs, nbd)
     return dict(
         version=1,
-        sweep=s["name"],
-        source=s["source"],
+        sweep=s.name,
+        source=s.source,
         runs_dir=str(Path(runs_dir).resolve()),
         notebooks=str(nbd),
-        jobs=s["jobs"],
-        slurm=s["slurm"],
+        jobs=s.jobs,
+        slurm=s.sections["slurm"],
         runs=[asdict(r) for r in runs],
     )
 

@@ -5,12 +5,13 @@
 # %% ../../nbs/04g_sweep_checks.ipynb #b3f7d4c4
 from __future__ import annotations
 import logging
+from dataclasses import dataclass
 import re
 import string
 from pathlib import Path
-from ..science import plans as plans_mod
-from ..science.data import DIRECTIONS
-from ..science import custom, data
+from ..science.scoring import plans as plans_mod
+from ..science.facts.data import DIRECTIONS
+from ..science.facts import custom, data
 from dwg.pipeline.sweep_file import (
     DATASET_KEYS,
     GRAFT_SECTIONS,
@@ -31,12 +32,12 @@ from dwg.pipeline.sweep_file import (
 logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'REGIME_KEYS', 'REGIME_NAME', 'load_sweep']
+__all__ = ['logger', 'REGIME_KEYS', 'REGIME_NAME', 'Sweep', 'load_sweep']
 
 # %% ../../nbs/04g_sweep_checks.ipynb #5049faec
 def _check_models(models, problems):
-    "Model names must be known to dwg.science.models, hub ids (org/name) or existing paths."
-    from dwg.science.models import available  # torch: loaded only when a sweep file is checked
+    "Model names must be known to dwg.science.facts.models, hub ids (org/name) or existing paths."
+    from dwg.science.facts.models import available  # torch: loaded only when a sweep file is checked
 
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
         problems.append("models: must be a non-empty list of model names.")
@@ -48,20 +49,19 @@ def _check_models(models, problems):
             )
 
 # %% ../../nbs/04g_sweep_checks.ipynb #6b0d2a11
-def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> int | None:
-    "Resolve a custom dataset's files against `base` (in `spec`), read and check them, note its roles; its fact count."
-    for key in ("facts", "templates"):
-        if not isinstance(spec[key], str):
-            problems.append(f"{where}: kind custom needs '{key}:', a path (relative to the sweep file).")
-            return None
-        spec[key] = str((base / Path(spec[key]).expanduser()).resolve())
+def _custom_spec(spec: dict, where: str, base: Path, problems: list) -> tuple[dict, int] | None:
+    """A custom dataset's files resolved against `base`, read and checked: (its files and prompts' roles, its fact
+    count), or None (and its problems noted)."""
+    if bad := [key for key in ("facts", "templates") if not isinstance(spec[key], str)]:
+        problems.append(f"{where}: kind custom needs '{bad[0]}:', a path (relative to the sweep file).")
+        return None
+    files = {key: str((base / Path(spec[key]).expanduser()).resolve()) for key in ("facts", "templates")}
     try:
-        rows, tpl = custom.load_custom(spec["facts"], spec["templates"])
+        rows, tpl = custom.load_custom(files["facts"], files["templates"])
     except (OSError, ValueError) as e:
         problems.append(f"{where}: {e}")
         return None
-    spec["eval_roles"] = _custom_roles(tpl)
-    return len(rows)
+    return dict(files, eval_roles=_custom_roles(tpl)), len(rows)
 
 
 def _check_dataset(name: str, spec, problems: list, base: Path = Path(".")) -> dict | None:
@@ -81,18 +81,16 @@ def _check_dataset(name: str, spec, problems: list, base: Path = Path(".")) -> d
         return None
     if _not_integer(spec["seed"], 0):
         problems.append(f"{where}: seed must be an integer >= 0, got {spec['seed']!r}.")
-    if spec["kind"] == custom.CUSTOM_KIND:
-        most = _custom_spec(spec, where, base, problems)
-    else:
-        most, spec["eval_roles"] = data.max_facts(spec["kind"]), _kind_roles()
-    if most is None:
+    if spec["kind"] != custom.CUSTOM_KIND:
+        found = dict(eval_roles=_kind_roles()), data.max_facts(spec["kind"])
+    elif (found := _custom_spec(spec, where, base, problems)) is None:
         return None
-    if spec["n_facts"] == "max":
-        spec["n_facts"] = most
-    if _not_integer(spec["n_facts"], 2) or spec["n_facts"] > most:
+    resolved, most = found
+    n = most if spec["n_facts"] == "max" else spec["n_facts"]
+    if _not_integer(n, 2) or n > most:
         problems.append(f"{where}: n_facts must be an integer in [2, {most}] or 'max', got {spec['n_facts']!r}.")
         return None
-    return spec
+    return {**spec, **resolved, "n_facts": n}
 
 
 def _check_datasets(datasets, problems, base: Path = Path(".")) -> dict:
@@ -155,7 +153,10 @@ def _plan_names(plans) -> set[str]:
     "The names of a section's plans (a plan file's plan by its own name); none if they are not a list of plans."
     if not isinstance(plans, (str, list)) or not all(isinstance(p, (str, dict)) for p in plans):
         return set()
-    return {p if isinstance(p, str) else p.get("name") for p in plans_mod.spell_out(plans)}
+    try:
+        return {p.name for p in plans_mod.plans_at(plans)}
+    except ValueError:  # an unknown plan: its own problem is noted
+        return set()
 
 
 def _check_grafting_options(sec: dict, where: str, problems: list):
@@ -203,12 +204,6 @@ def _named_alone(entries: list) -> set[str]:
     together = {*plans_mod.plan_groups(), *plans_mod.DEPTH_FAMILIES}
     return {p if isinstance(p, str) else p["name"] for p in entries if not (isinstance(p, str) and p in together)}
 
-
-def _graft_plans(plans: list) -> list:
-    "The GraftPlans of resolved plan entries (a depth family's at a nominal depth: the roles do not depend on it)."
-    catalog, names = plans_mod.paper_plans(), plans_mod.expand_plans(plans, 4)
-    return [catalog[p] if isinstance(p, str) and p in catalog else plans_mod.get_plan(p) for p in names]
-
 # %% ../../nbs/04g_sweep_checks.ipynb #planrol1
 def _role_problems(graft: list, alone: set, name: str, roles: list, where: str) -> list[str]:
     "A plan (of the GraftPlans `graft`) named alone grafting at a role dataset `name`'s prompts lack, or none to run."
@@ -230,18 +225,20 @@ def _role_problems(graft: list, alone: set, name: str, roles: list, where: str) 
     return out
 
 
-def _check_plans(sec: dict, stage: str, datasets: dict, base: Path, problems: list):
-    "Resolve a grafting section's plans once, into `sec`; note those that cannot run on one of its datasets."
+def _check_plans(plans, stage: str, datasets: dict, base: Path, problems: list) -> list:
+    """A grafting section's plans resolved once (as given when they cannot be), noting those that cannot run on one of
+    its datasets."""
     where = f"{stage}.plans"
     try:
-        entries = _plan_entries(sec["plans"], base, where)
-        sec["plans"] = stage_plans(entries, stage, where)
+        entries = _plan_entries(plans, base, where)
+        resolved = stage_plans(entries, stage, where)
     except SweepError as e:
         problems.append(str(e))
-        return
-    graft, alone = _graft_plans(sec["plans"]), _named_alone(entries)
+        return plans
+    graft, alone = plans_mod.plans_at(resolved), _named_alone(entries)
     for name, spec in datasets.items():
         problems += _role_problems(graft, alone, name, _dataset_roles(spec), where)
+    return resolved
 
 # %% ../../nbs/04g_sweep_checks.ipynb #6d3fb3ae
 def _seed_list(seeds, where: str, problems: list) -> list[int] | None:
@@ -353,11 +350,12 @@ def _check_profile(train: dict, problems: list):
                 problems.append(f"train.{where}: {e}")
 
 
-def _check_train(train: dict, problems: list, datasets: list):
-    "The training section: its dataset overrides, seeds, regimes, profile and overrides, direction, relation model."
-    train["dataset_overrides"] = _check_dataset_overrides(train, datasets, problems)  # _overrides reads it
-    train["seeds"], train["seed"] = _check_seeds(train, problems), None  # loaded, `seeds` says it all
-    train["regimes"] = _check_regimes(train, datasets, problems)
+def _check_train(train: dict, problems: list, datasets: list) -> dict:
+    """The training section checked (its dataset overrides, seeds, regimes, profile and overrides, direction, relation
+    model), as a new dict with its overrides, seeds and regimes resolved."""
+    train = dict(train, dataset_overrides=_check_dataset_overrides(train, datasets, problems))  # _overrides reads it
+    train = dict(train, seeds=_check_seeds(train, problems), seed=None)  # loaded, `seeds` says it all
+    train = dict(train, regimes=_check_regimes(train, datasets, problems))
     _check_profile(train, problems)
     if train["direction"] not in ("all", *DIRECTIONS):
         problems.append(f"train.direction must be all, A2B or B2A, got {train['direction']!r}.")
@@ -366,6 +364,7 @@ def _check_train(train: dict, problems: list, datasets: list):
             f"train.relation_model must be all (the paper's pair: the relation model learns every fact) "
             f"or half (only the relation facts), got {train['relation_model']!r}."
         )
+    return train
 
 # %% ../../nbs/04g_sweep_checks.ipynb #35f3bc5b
 def _check_localize_roles(loc: dict, datasets: dict, problems: list):
@@ -437,13 +436,13 @@ def _read_sections(raw: dict, problems: list) -> dict:
     return out
 
 
-def _covered(s: dict, sec: str) -> dict:
+def _covered(opts: dict, sec: str, models: list, datasets: dict) -> dict:
     "The dataset specs a section's pairs use (all of them if its pairs are wrong: that error comes with the graph)."
     try:
-        names = {d for _, d in resolve_pairs(s[sec]["pairs"], s["models"], list(s["datasets"]), sec)}
+        names = {d for _, d in resolve_pairs(opts["pairs"], models, list(datasets), sec)}
     except SweepError:
-        names = set(s["datasets"])
-    return {d: v for d, v in s["datasets"].items() if d in names}
+        names = set(datasets)
+    return {d: v for d, v in datasets.items() if d in names}
 
 
 def _check_slurm(slurm: dict) -> list[str]:
@@ -454,24 +453,33 @@ def _check_slurm(slurm: dict) -> list[str]:
     ]
 
 
-def _check_sections(s: dict, problems: list, base: Path = Path(".")):
-    "Problems across the sections: grafting without training, plans, templates, options, training, figures, Slurm."
-    if s["train"] is None and any(s[sec] for sec in MODEL_SECTIONS):
+def _checked_section(sec: str, opts: dict, models: list, datasets: dict, problems: list, base: Path) -> dict:
+    "A grafting or localisation section with its templates and plans resolved (a new dict), its problems noted."
+    covered = _covered(opts, sec, models, datasets)
+    out = dict(opts, templates=_check_templates(opts["templates"], f"{sec}.templates", problems, covered))
+    if sec in GRAFT_SECTIONS:
+        out["plans"] = _check_plans(out["plans"], sec, covered, base, problems)
+    else:
+        _check_localize(out, covered, problems)
+    _check_grafting_options(out, sec, problems)
+    return out
+
+
+def _check_sections(sections: dict, models: list, datasets: dict, problems: list, base: Path = Path(".")) -> dict:
+    """The sections checked across (grafting without training, plans, templates, options, training, figures, Slurm):
+    a new dict of them, with what the checks resolved."""
+    if sections["train"] is None and any(sections[sec] for sec in MODEL_SECTIONS):
         problems.append("train: is off, but the grafting sections need trained models.")
-    for sec in [sec for sec in MODEL_SECTIONS if s[sec]]:
-        datasets = _covered(s, sec)
-        s[sec]["templates"] = _check_templates(s[sec]["templates"], f"{sec}.templates", problems, datasets)
-        if sec in GRAFT_SECTIONS:
-            _check_plans(s[sec], sec, datasets, base, problems)
-        else:
-            _check_localize(s[sec], datasets, problems)
-        _check_grafting_options(s[sec], sec, problems)
-    if s["train"]:
-        _check_train(s["train"], problems, list(s["datasets"]))
-    if s["figures"]:
-        _check_figures(s["figures"], s["datasets"], problems)
-    if s["slurm"]:
-        problems += _check_slurm(s["slurm"])
+    out = dict(sections)
+    for sec in [sec for sec in MODEL_SECTIONS if sections[sec]]:
+        out[sec] = _checked_section(sec, sections[sec], models, datasets, problems, base)
+    if sections["train"]:
+        out["train"] = _check_train(sections["train"], problems, list(datasets))
+    if sections["figures"]:
+        _check_figures(sections["figures"], datasets, problems)
+    if sections["slurm"]:
+        problems += _check_slurm(sections["slurm"])
+    return out
 
 # %% ../../nbs/04g_sweep_checks.ipynb #b639e165
 def _raise_problems(source: str, problems: list):
@@ -480,27 +488,39 @@ def _raise_problems(source: str, problems: list):
         raise SweepError(f"{source} has {len(problems)} problem(s):\n  - " + "\n  - ".join(problems))
 
 
-def load_sweep(sweep) -> dict:
-    "A validated sweep with defaults filled in, from a profile name, a YAML path or a dict."
+@dataclass(frozen=True)
+class Sweep:
+    """A loaded sweep, checked: defaults filled in, each dataset's prompt roles worked out, plans resolved
+    (`load_sweep` makes it; its checks return what they resolve and change nothing they are given)."""
+
+    name: str
+    description: str
+    source: str  # the profile or file it was read from
+    jobs: int
+    models: list
+    datasets: dict  # name -> the checked dataset spec (with `eval_roles`)
+    sections: dict  # section name (train, graft_positions, ..., slurm) -> its checked options, or None when off
+
+
+def load_sweep(sweep) -> Sweep:
+    "A validated `Sweep` with defaults filled in, from a profile name, a YAML path, a dict, or a `Sweep` (as it is)."
+    if isinstance(sweep, Sweep):
+        return sweep
     raw, source = read_sweep(sweep)
     problems = key_problems(raw, TOP_KEYS, "top level")
     if problems:
         raise SweepError(f"{source}: " + " ".join(problems))
-    s = dict(
-        name=str(raw.get("name") or "sweep"),
-        description=raw.get("description") or "",
-        source=source,
-        jobs=raw.get("jobs", 1),
-    )
-    if _not_integer(s["jobs"], 1):
-        problems.append(f"jobs: must be an integer >= 1, got {s['jobs']!r}.")
+    if _not_integer(jobs := raw.get("jobs", 1), 1):
+        problems.append(f"jobs: must be an integer >= 1, got {jobs!r}.")
     problems += [f"'{key}' is missing." for key in ("models", "datasets") if key not in raw]
     _check_models(raw.get("models"), problems)
-    s["models"] = list(raw.get("models") or [])
+    models = list(raw.get("models") or [])
     base = Path(source).parent if isinstance(sweep, (str, Path)) else Path(".")  # files: relative to the sweep file
-    s["datasets"] = _check_datasets(raw.get("datasets"), problems, base)
-    s.update(_read_sections(raw, problems))
+    datasets = _check_datasets(raw.get("datasets"), problems, base)
+    sections = _read_sections(raw, problems)
     _raise_problems(source, problems)
-    _check_sections(s, problems, base)
+    sections = _check_sections(sections, models, datasets, problems, base)
     _raise_problems(source, problems)
-    return s
+    return Sweep(
+        str(raw.get("name") or "sweep"), raw.get("description") or "", source, jobs, models, datasets, sections
+    )

@@ -8,8 +8,8 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 import dwg
-from ..science import plans as plans_mod
-from ..runs import read_yaml_mapping
+from ..science.scoring import plans as plans_mod
+from ..records.files import read_yaml_mapping
 
 # %% auto #0
 __all__ = ['STAGES', 'STAGE_ORDER', 'GRAFT_SECTIONS', 'MODEL_SECTIONS', 'RELATION_TRAINING', 'SECTIONS', 'TOP_KEYS',

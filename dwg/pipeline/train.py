@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -21,27 +22,24 @@ import torch
 import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
-from ..science import models
-from ..science.data import DIRECTIONS, FACT_SPLITS
+from ..science.facts import models
+from ..science.facts.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from .speed import StepProducts, StepTimer, linear_shapes, throughput, throughput_line
-from ..science.evaluate import first_token_scores, top_k
-from dwg.runs import (
-    TRAIN_SUMMARY,
-    atomic_write,
-    has_train_summary,
-    publish_dir,
-    read_jsonl,
-    report_progress,
-    reusing_freed_memory,
-)
+from ..science.scoring.evaluate import first_token_scores, top_k
+from ..records.run_record import TRAIN_SUMMARY, has_train_summary
+from ..records.files import atomic_write, publish_dir, read_jsonl
+from ..records.progress import report_progress, reusing_freed_memory
+
+logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_has_bf16', 'resolve_precision', 'check_dataset_dir',
-           'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora', 'recall_metrics',
-           'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress', 'epoch_metrics', 'work_dir',
-           'epoch_steps', 'train_epochs', 'checkpoint_epochs', 'training_args', 'train', 'main']
+__all__ = ['logger', 'TRAIN_DIRECTIONS', 'TRAIN_SPLITS', 'REQUIRED_DATASET_FILES', 'cpu_has_bf16', 'resolve_precision',
+           'check_dataset_dir', 'select_rows', 'supplemental_rows', 'check_tokenizer', 'freeze_embeddings', 'with_lora',
+           'recall_metrics', 'sample_recall_examples', 'SparseCheckpoints', 'RecallCallback', 'StepProgress',
+           'epoch_metrics', 'work_dir', 'epoch_steps', 'train_epochs', 'checkpoint_epochs', 'training_args', 'train',
+           'main']
 
 # %% ../../nbs/04_train.ipynb #91b8ca6a
 def cpu_has_bf16() -> bool:
@@ -79,7 +77,7 @@ REQUIRED_DATASET_FILES = ("dataset_info.json", "metadata.jsonl", "train.jsonl", 
 def check_dataset_dir(dataset_dir: os.PathLike) -> Path:
     "The dataset directory as a Path, or a clear error if it or one of its files is missing."
     path = Path(dataset_dir)
-    fix = "Create it with dwg.science.data.create_dataset(...) or dwg/experiments/create_dataset.ipynb."
+    fix = "Create it with dwg.science.facts.data.create_dataset(...) or dwg/experiments/create_dataset.ipynb."
     if not path.is_dir():
         raise FileNotFoundError(f"Dataset directory '{path}' does not exist. {fix}")
     missing = [f for f in REQUIRED_DATASET_FILES if not (path / f).is_file()]
@@ -252,7 +250,7 @@ class RecallCallback(TrainerCallback):
         self.tok, self.examples, self.bs, self.verbose, self.every = tokenizer, examples, batch_size, verbose, every
 
     def _log(self, state, model):
-        "Append the recall of `model` to the log history (and print it)."
+        "Append the recall of `model` to the log history (and log it)."
         if not self.examples:
             return
         m = recall_metrics(model, self.tok, self.examples, self.bs)
@@ -265,10 +263,9 @@ class RecallCallback(TrainerCallback):
             }
         )
         if self.verbose and state.is_world_process_zero:
-            print(
-                f"dwg.pipeline.train: epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} "
-                f"top-5 {m['recall_top5']:.3f} (n={len(self.examples)})",
-                file=sys.stderr,
+            logger.info(
+                f"epoch {state.epoch or 0:.2f} recall top-1 {m['recall_top1']:.3f} "
+                f"top-5 {m['recall_top5']:.3f} (n={len(self.examples)})"
             )
 
     def on_train_begin(self, args, state, control, model=None, **kw):
@@ -282,7 +279,7 @@ class RecallCallback(TrainerCallback):
 
 
 class StepProgress(TrainerCallback):
-    "Report training steps to a sweep's progress file (see `dwg.runs.report_progress`)."
+    "Report training steps to a sweep's progress file (see `dwg.records.progress.report_progress`)."
 
     def on_step_end(self, args, state, control, **kw):
         report_progress("train step", state.global_step, state.max_steps)
@@ -509,7 +506,7 @@ def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
             _write_json(work / "run_config.json", run_config)
     resume = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
     if resume:
-        print(f"dwg.pipeline.train: resuming from {resume}", file=sys.stderr)
+        logger.info(f"resuming from {resume}")
     return resume
 
 # %% ../../nbs/04_train.ipynb #55b82a7dn18
@@ -661,7 +658,7 @@ def train(
     started = (time.time(), time.process_time(), os.getloadavg())
     out, work = Path(out_dir), work_dir(out_dir)
     if has_train_summary(out) and not force:
-        print(f"dwg.pipeline.train: {out} is a finished run; skipping (force=True retrains).", file=sys.stderr)
+        logger.info(f"{out} is a finished run; skipping (force=True retrains).")
         return out
     if out.exists() and any(out.iterdir()) and not has_train_summary(out) and not force:
         raise FileExistsError(f"'{out}' exists and is not a finished training run; remove it or pass force=True.")
@@ -672,7 +669,7 @@ def train(
         result = trainer.train(resume_from_checkpoint=run["resume"])
     run["throughput"] = throughput(*trainer.tokens, timer.seconds, products.params, timer.readings, run["precision"])
     if progress and _is_main():
-        print(throughput_line(run["throughput"]), file=sys.stderr)
+        logger.info(throughput_line(run["throughput"]))
     _save_outputs(run, trainer, result, tok, ds, work, out, started)
     trainer.accelerator.wait_for_everyone()
     return out

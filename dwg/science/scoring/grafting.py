@@ -30,7 +30,7 @@ from dwg.science.scoring.plans import (
 logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'adapter_roles', 'run_grafting']
+__all__ = ['logger', 'RECORDED', 'adapter_roles', 'run_grafting']
 
 # %% ../../../nbs/03d_grafting.ipynb #3dca2d3c
 def adapter_roles(models: dict, plans: list, alone: bool = True) -> dict[str, str]:
@@ -133,6 +133,31 @@ def _reversal_plans(reversal_plans, plans: list, dataset_dir) -> tuple:
     return reversal_plans
 
 
+def _stamp(rows: list[dict], experiment: str, model_name: str, dataset_dir, train_seed, train_regime) -> dict:
+    "Stamp every row with its experiment, model, dataset kind and training (seed, regime); the stamp."
+    info = Path(dataset_dir) / "dataset_info.json"
+    kind = json.loads(info.read_text()).get("kind") if info.exists() else None
+    stamp = dict(
+        experiment=experiment, model=model_name, dataset=kind, train_seed=train_seed, train_regime=train_regime
+    )
+    for r in rows:
+        r.update(stamp)
+    return stamp
+
+
+RECORDED = (  # the settings of `run_grafting` its run record keeps, as resolved (the plans by name, beside them)
+    *("experiment", "templates", "split", "batch_size", "generate", "generated", "max_examples", "seed"),
+    *("train_seed", "train_regime", "reversal_plans", "readouts"),
+)
+
+
+def _run_config(models: dict, dataset_dir, plans: list, **settings) -> dict:
+    "A grafting run's config for its record: the models (names or paths), the dataset, the plans scored, its settings."
+    named = {k: str(v) for k, v in models.items() if not isinstance(v, tuple)}
+    settings["reversal_plans"] = list(settings["reversal_plans"])
+    return dict(models=named, dataset_dir=str(dataset_dir), plans=[p.name for p in plans], **settings)
+
+
 def _write_run(out_dir, rows: list[dict], config: dict, started: float, n_examples: int):
     "Write `results.jsonl`, then the run record `run.json`, into `out_dir`."
     write_jsonl(Path(out_dir) / "results.jsonl", rows)
@@ -180,33 +205,12 @@ def run_grafting(
         if reversal_plans:
             reverse = select_examples(dataset_dir, templates, split, max_examples, direction="B2A")
             rows += score([p for p in plans if p.name in reversal_plans], reverse)
-    info = Path(dataset_dir) / "dataset_info.json"
-    kind = json.loads(info.read_text()).get("kind") if info.exists() else None
     model_name = model_name or next((str(m) for m in models.values() if not isinstance(m, tuple)), "in-memory")
-    for r in rows:
-        r.update(
-            experiment=experiment, model=model_name, dataset=kind, train_seed=train_seed, train_regime=train_regime
-        )
+    stamp = _stamp(rows, experiment, model_name, dataset_dir, train_seed, train_regime)
     if out_dir is not None:
-        own = dict(
-            models={k: str(v) for k, v in models.items() if not isinstance(v, tuple)},
-            dataset_dir=str(dataset_dir),
-            plans=[p.name for p in plans],
-            experiment=experiment,
-            templates=templates,
-            split=split,
-            batch_size=batch_size,
-            generate=generate,
-            generated=generated,
-            max_examples=max_examples,
-            seed=seed,
-            train_seed=train_seed,
-            train_regime=train_regime,
-            reversal_plans=list(reversal_plans),
-            readouts=readouts,
-        )
+        own = _run_config(models, dataset_dir, plans, **{k: v for k, v in locals().items() if k in RECORDED})
         if readouts:
-            stamp = dict(model=model_name, dataset=kind, train_seed=train_seed, train_regime=train_regime)
+            stamp = {k: v for k, v in stamp.items() if k != "experiment"}
             write_readouts(experiment, bound, tok, examples, out_dir, batch_size, stamp)
         _write_run(out_dir, rows, config or own, started, len(examples))
     return pd.DataFrame(rows)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from ..science.facts.data import EVAL_TEMPLATES, FIELDS, SLOT_FIELDS, template_fields
-from ..science.scoring.plans import QUARTERS, figure_order, figure_references, paper_plans
+from ..science.scoring.plans import QUARTERS, catalogue, figure_order, figure_references
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'SYNTHETIC_REGIMES', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
@@ -199,7 +199,7 @@ def _synthetic_top1(plan: str) -> float:
     "The made-up top-1 accuracy of a plan in `synthetic_results`."
     if plan in _SYNTH_TOP1:
         return _SYNTH_TOP1[plan]
-    p = paper_plans().get(plan)
+    p = catalogue().plans.get(plan)
     if p is None or p.component_set is None:
         return 0.1
     if "depth" in p.figures:
@@ -225,7 +225,7 @@ def synthetic_results(
     "A made-up results table (one row per plan x fact x template) with the columns of a real run."
     rng = np.random.default_rng(seed)
     plans = list(plans or dict.fromkeys(figure_order("positions") + figure_order("movie_spans")))
-    catalog = paper_plans()
+    catalog = catalogue().plans
     rows = []
     for plan in plans:
         p1 = min(1.0, _synthetic_top1(plan) * p_scale)

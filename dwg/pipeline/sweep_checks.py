@@ -201,7 +201,7 @@ def _plan_entries(value, base: Path, where: str):
 
 def _named_alone(entries: list) -> set[str]:
     "The plans a section names one by one (by name or file, not through a group or depth family)."
-    together = {*plans_mod.plan_groups(), *plans_mod.DEPTH_FAMILIES}
+    together = {*plans_mod.catalogue().groups, *plans_mod.DEPTH_FAMILIES}
     return {p if isinstance(p, str) else p["name"] for p in entries if not (isinstance(p, str) and p in together)}
 
 # %% ../../nbs/04g_sweep_checks.ipynb #planrol1

@@ -30,9 +30,9 @@ from ...records.progress import report_progress
 from ...engine.prompts import batches, encode, last_logits, prepare, rank_and_prob, target_token_ids
 
 # %% auto #0
-__all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'BoundRule', 'bind_rules', 'first_grafted_layer',
-           'grafted', 'patched_sites', 'head_signature', 'plan_forward', 'distractor_ids', 'ranks_of',
-           'distractor_ranks', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples']
+__all__ = ['length_order', 'first_token_scores', 'top_k', 'rule_masks', 'models_depth', 'BoundRule', 'bind_rules',
+           'first_grafted_layer', 'grafted', 'patched_sites', 'head_signature', 'plan_forward', 'distractor_ids',
+           'ranks_of', 'distractor_ranks', 'score_plan', 'evaluate_plans', 'summarize', 'select_examples']
 
 # %% ../../../nbs/03_evaluate.ipynb #94c03e0f
 def length_order(tokenizer, examples: list[dict]) -> list[int]:
@@ -81,7 +81,7 @@ def rule_masks(plan, prep: dict) -> tuple[list[torch.Tensor], dict[int, str]]:
     return [m.to(ids.device) for m in masks], skipped
 
 # %% ../../../nbs/03_evaluate.ipynb #1d9f016c
-def _depth(models: dict) -> int:
+def models_depth(models: dict) -> int:
     "The number of decoder layers of the models (of the first one that is a model, not a LoRA donor view)."
     return next(m.config.num_hidden_layers for m in models.values() if hasattr(m, "config"))
 
@@ -411,7 +411,7 @@ def evaluate_plans(
     A plan naming a position role that none of `roles` is (default: the examples' span roles) is an error; an example
     without a role its plan names is a skipped row. A scored row ranks its example's distractors (`distractor_ids`,
     among all the `examples`; `chance=False`: none, e.g. where only the target counts)."""
-    plans = plans_at(plans, _depth(models))  # names, groups, files or plans: each plan once
+    plans = plans_at(plans, models_depth(models))  # names, groups, files or plans: each plan once
     sites = patched_sites(plans, models, kw.get("seed", 0))  # fails before any work on a missing model or a bad spec
     check_plan_roles(plans, example_roles(examples) if roles is None else roles)  # ... or a position role none has
     device, rows = next(iter(models.values())).device, {p.name: [None] * len(examples) for p in plans}

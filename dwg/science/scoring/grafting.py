@@ -15,7 +15,7 @@ from ...records.progress import reusing_freed_memory
 from ...records.files import write_jsonl
 from ...records.run_record import write_run_record
 from ..facts.data import has_reversal_prompts
-from .evaluate import evaluate_plans, select_examples
+from .evaluate import evaluate_plans, models_depth, select_examples
 from ..facts.models import load
 from .readout import write_readouts
 from dwg.science.scoring.plans import (
@@ -113,7 +113,7 @@ def _prepare_run(models: dict, dataset_dir, plans, nominal: list, generate, gene
     used = {r: m for r, m in models.items() if any(r in p.roles for p in nominal)}
     light = adapter_roles(used, nominal, alone=not generate or generated == "last_token")
     bound, tok = _load_roles(used, light)
-    depth = next(iter(bound.values())).config.num_hidden_layers
+    depth = models_depth(bound)
     wanted = plans_at(plans, depth)
     generate = _generating(
         generate, wanted, list(models), depth

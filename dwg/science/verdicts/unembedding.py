@@ -9,7 +9,7 @@ __all__ = ['shapley_split', 'read_readouts', 'lens_table', 'shapley_shown', 'hea
 # %% ../../../nbs/06i_unembedding.ipynb #eb6c5713
 from pathlib import Path
 import pandas as pd
-from ..scoring.scores import bootstrap_stats, fact_scores, recovery
+from ..scoring.scores import bootstrap_stats, fact_scores, interval_text, recovery
 
 # %% ../../../nbs/06i_unembedding.ipynb #f3d7710a
 def _phi(value, base: str, mine: str, other: str, both: str):
@@ -73,9 +73,9 @@ def lens_table(lens: pd.DataFrame, k: int = 5, every: int = 5) -> pd.DataFrame:
     return out.reset_index()
 
 # %% ../../../nbs/06i_unembedding.ipynb #01c1b497
-def _interval_cell(iv) -> str:
-    "`0.42 [0.30, 0.55]`."
-    return f"{iv.value:.2f} [{iv.lo:.2f}, {iv.hi:.2f}]"
+def _shown(iv) -> str:
+    "An interval (or a row with value, lo, hi) as a table shows it: `interval_text`, or why there is no number."
+    return interval_text(iv.value, iv.lo, iv.hi, why="no facts")
 
 
 def _counts(m: pd.DataFrame) -> dict:
@@ -87,7 +87,7 @@ def _counts(m: pd.DataFrame) -> dict:
 
 def shapley_shown(split: pd.DataFrame) -> pd.DataFrame:
     "A `shapley_split` as a page shows it: measure, part, `value [lo, hi]`."
-    shown = [_interval_cell(r) for r in split.itertuples()]
+    shown = [_shown(r) for r in split.itertuples()]
     return split[["measure", "part"]].assign(**{"value [95%]": shown})
 
 # %% ../../../nbs/06i_unembedding.ipynb #89c897bf
@@ -100,7 +100,7 @@ def head_rows_table(rows: pd.DataFrame, k: int = 5, n_boot: int = 1000, seed: in
             sub = m[[("hit", row_set), ("lp", row_set)]].dropna()
             stats = dict(hit=lambda s: s["hit"][row_set].mean(), lp=lambda s: s["lp"][row_set].mean())
             got = bootstrap_stats(sub, stats, n_boot, seed)
-            cells = {f"top-{k}": _interval_cell(got["hit"]), "mean log-prob": _interval_cell(got["lp"])}
+            cells = {f"top-{k}": _shown(got["hit"]), "mean log-prob": _shown(got["lp"])}
             out.append({"plan": plan, "head rows": row_set, **cells, **_counts(sub)})
     return pd.DataFrame(out)
 
@@ -121,9 +121,9 @@ def head_gain_table(gain: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd
         out.append(
             {
                 "plan": plan,
-                "own answer": _interval_cell(got["own_gain"]),
-                "other answers": _interval_cell(got["others_gain"]),
-                "own minus others": _interval_cell(got["diff"]),
+                "own answer": _shown(got["own_gain"]),
+                "other answers": _shown(got["others_gain"]),
+                "own minus others": _shown(got["diff"]),
                 "prompts own > others": f"{(rows['diff'] > 0).mean():.2f}",
                 **_counts(m),
             }

@@ -76,7 +76,7 @@ byte_compile() {
   "$py" -m compileall -qq -j 0 -x "$skip" "$lib" || true
 }
 
-PREPARE="from dwg.science.facts.models import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
+PREPARE="from dwg.science.facts.embedded import prepare_embedded; print('dwg: embedded model at', prepare_embedded())"
 
 compile_job() {
   # the .pyc files of what the main job imports (a third of the venv), written by importing it in two processes, one

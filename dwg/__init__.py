@@ -22,7 +22,7 @@ _API = {  # public name -> the module that defines it
     "Grid": "engine.interpolate",
     "load": "science.facts.models",
     "available": "science.facts.models",
-    "prepare_embedded": "science.facts.models",
+    "prepare_embedded": "science.facts.embedded",
     "create_dataset": "science.facts.data",
     "load_split": "science.facts.data",
     "create_custom_dataset": "science.facts.custom",

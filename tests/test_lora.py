@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from dwg.science.facts.models import load, TINY_MODELS, EMBEDDED
+from dwg.science.facts.models import load, TINY_MODELS
+from dwg.science.facts.embedded import EMBEDDED
 from dwg.engine.graft import graft, graftable
 from dwg.science.scoring.evaluate import encode, last_logits
 from dwg.engine.lora import as_donor, read_adapter

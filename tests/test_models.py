@@ -1,14 +1,14 @@
 import socket
 import pytest
 import torch
-from dwg.science.facts import models
+from dwg.science.facts import embedded, models
 
 
 def test_prepare_embedded_is_idempotent():
     "A second prepare finds the finished checkpoint and rewrites nothing."
-    path = models.prepare_embedded()
+    path = embedded.prepare_embedded()
     before = (path / "config.json").stat().st_mtime_ns
-    assert models.prepare_embedded() == path
+    assert embedded.prepare_embedded() == path
     assert (path / "config.json").stat().st_mtime_ns == before
 
 

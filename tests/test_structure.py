@@ -17,6 +17,7 @@ WINGS = {
     "science": [  # subpackages, lowest first: facts <- scoring <- verdicts <- pictures
         ["facts.data"],
         ["facts.custom"],
+        ["facts.embedded"],
         ["facts.models"],
         ["scoring.plans"],
         ["scoring.evaluate"],

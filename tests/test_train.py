@@ -194,6 +194,27 @@ def test_filters_frozen_unembeddings_and_answer_only_loss(ds, tmp_path):
     assert not torch.equal(before["gpt_neox.embed_in.weight"], after["gpt_neox.embed_in.weight"])
 
 
+def test_untied_head_trains_apart_and_grafts_beside_untied_base_models(ds, tmp_path):
+    """untie_head: the tied head of a tiny Llama becomes its own parameter and moves apart from the embeddings; the
+    grafting run unties the pretrained model it loads beside it, which then computes what it did (matched models)."""
+    from dwg.science.scoring.grafting import _load_roles
+
+    out = T.train("tiny-llama", ds, tmp_path / "untied", overrides=dict(max_steps=3, untie_head=True), **TINY)
+    sft, tok = models.load(out)
+    assert not models.ties_head(sft) and sft.config.tie_word_embeddings is False
+    assert not torch.equal(sft.get_output_embeddings().weight, sft.get_input_embeddings().weight)
+    assert json.loads((out / "run_config.json").read_text())["config"]["untie_head"] is True
+    tied, _ = models.load("tiny-llama")
+    assert models.ties_head(tied)
+    ids = tok(["A stars in"], return_tensors="pt")
+    roles, _ = _load_roles(dict(pre="tiny-llama", sft=str(out)))
+    assert not models.ties_head(roles["pre"]) and not models.ties_head(roles["sft"])
+    assert torch.equal(roles["pre"](**ids).logits, tied(**ids).logits)
+    plain = T.train("tiny-llama", ds, tmp_path / "tied", overrides=dict(max_steps=1), **TINY)
+    assert "untie_head" not in json.loads((plain / "run_config.json").read_text())["config"]  # older runs resume
+    assert models.ties_head(models.load(plain)[0])
+
+
 @pytest.mark.parametrize(
     "kw, error, match",
     [

@@ -59,6 +59,8 @@ class TrainConfig:
     # relative to the profile file naming it); empty: dwg/assets/general_text.txt
     freeze_embeddings: bool = False  # input token embeddings
     freeze_unembeddings: bool = False  # output head (tied models: set both or neither)
+    untie_head: bool = False  # a tied head becomes its own parameter, a copy of the embeddings, before training: the
+    # same function at the start, moved apart by fine-tuning (grafting unties the models it runs beside alike)
     eval_loss: bool = True  # validation loss each epoch (validation.jsonl)
     best_by_eval_loss: bool = False  # keep the checkpoint with the lowest validation loss as the final model
     save_total_limit: int = 1  # checkpoints kept while training

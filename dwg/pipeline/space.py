@@ -23,6 +23,7 @@ MODEL_FILES_BYTES = 10e6  # a fine-tune's files besides its weights: tokenizer, 
 # parameters of the named models, for when their config is not at hand (not downloaded yet)
 MODEL_PARAMS = {
     "smollm2-135m": 135e6,
+    "gemma3-270m": 268e6,
     "gemma": 2.51e9,
     "llama3": 1.24e9,
     "gpt2": 124e6,
@@ -59,14 +60,16 @@ def _meta_model(name: str):
     "Model `name` built on the meta device (no weights, no memory) from its config; None when no config is at hand."
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    from dwg.science.facts import models
+    from dwg.science.facts import embedded, models
 
     try:
         if name in models.TINY_MODELS:
             spec = dict(models.TINY_MODELS[name])
             cfg = AutoConfig.for_model(spec.pop("model_type"), **models._TINY_COMMON, **spec)
         else:
-            path = models.checkpoint_dir(models.embedded_checkpoint() if name == models.EMBEDDED else name)
+            path = models.checkpoint_dir(
+                embedded.embedded_checkpoint(name) if name in embedded.EMBEDDED_MODELS else name
+            )
             where = str(path) if (path / "config.json").is_file() else models.HUB_MODELS.get(name, name)
             cfg = AutoConfig.from_pretrained(where, local_files_only=True)
         with torch.device("meta"):

@@ -23,6 +23,7 @@ import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from ..science.facts import models
+from ..science.facts.embedded import EMBEDDED
 from ..science.facts.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
@@ -485,8 +486,11 @@ def _collator(cfg: TrainConfig, net, tok):
 
 # %% ../../nbs/04_train.ipynb #55b82a7dx1
 def _config_record(cfg: TrainConfig) -> dict:
-    "The resolved profile as `run_config.json` holds it: the supplemental settings only when used (older runs resume)."
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if v or not k.startswith("supplemental")}
+    "The resolved profile as `run_config.json` holds it: settings added later only when used (older runs resume)."
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if v or k not in _LATER_SETTINGS}
+
+
+_LATER_SETTINGS = ("supplemental", "supplemental_file", "untie_head")  # recorded only when set
 
 
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
@@ -570,6 +574,8 @@ def _checked_run(model: str, ds_dir, direction: str, split: str, config, overrid
     data = _read_training_data(ds, direction, split, cfg, seed)
     dev_type = _device_type(device)
     net, tok = models.load(model, device="cpu", seed=0)  # unknown names fail here; the Trainer places the model
+    if cfg.untie_head:
+        models.untie_head(net)
     check_tokenizer(tok, data["info"], data["eval"], net)
     run = dict(
         cfg=cfg,
@@ -691,7 +697,7 @@ def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(
         prog="python -m dwg.pipeline.train", description="Fine-tune a model on a dwg dataset directory."
     )
-    p.add_argument("--model", default=models.EMBEDDED)
+    p.add_argument("--model", default=EMBEDDED)
     p.add_argument("--dataset-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--direction", default="all", choices=TRAIN_DIRECTIONS)

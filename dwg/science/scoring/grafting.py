@@ -16,7 +16,7 @@ from ...records.files import write_jsonl
 from ...records.run_record import write_run_record
 from ..facts.data import has_reversal_prompts
 from .evaluate import evaluate_plans, models_depth, select_examples
-from ..facts.models import load
+from ..facts.models import load, match_heads
 from .readout import write_readouts
 from dwg.science.scoring.plans import (
     Rule,
@@ -73,6 +73,7 @@ def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, objec
             loaded[key] = load(key)
         out[role] = loaded[key][0]
         tok = tok or loaded[key][1]
+    match_heads(out)  # an untied fine-tune: its base models untied alike
     for role, home in adapters.items():
         out[role] = as_donor(out[home], read_adapter(models[role]))  # built once
     return {r: out[r] for r in models}, tok

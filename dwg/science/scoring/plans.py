@@ -27,7 +27,7 @@ __all__ = ['SPECIAL_POSITIONS', 'METHODS', 'FIG1', 'BASELINES', 'POSITION_SETS',
            'final_layer_plans', 'depth_plans', 'method_plan', 'method_plans', 'method_grid', 'parse_method_plan',
            'Catalogue', 'catalogue', 'paper_plans', 'plan_groups', 'figure_plans', 'figure_order', 'figure_references',
            'figure_own', 'is_plan_file', 'plan_data', 'save_plan', 'load_plan_file', 'get_plan', 'plans_at', 'among',
-           'resolve_plans', 'plans_digest', 'ties_head']
+           'resolve_plans', 'plans_digest']
 
 # %% ../../../nbs/02a_plans.ipynb #e093d649
 class MissingSpan(KeyError):
@@ -745,9 +745,3 @@ def plans_digest(plans) -> str:
     a plan whose meaning changes makes a new grafting run (a depth family at `NOMINAL_DEPTH` layers)."""
     defs = [plan_data(p) for p in plans_at(plans)]
     return hashlib.sha256(json.dumps(defs, sort_keys=True).encode()).hexdigest()[:16]
-
-# %% ../../../nbs/02a_plans.ipynb #d5a7e3c1
-def ties_head(model) -> bool:
-    "Whether `model`'s output head and its input embeddings are one tensor (a tied head, as in SmolLM2)."
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    return head is not None and embed is not None and head.weight is embed.weight

@@ -37,6 +37,8 @@ Options of `run` (the command may be left out: `./run_all.sh --profile smoke` ru
   --dry-run        expand and check the sweep, run nothing (with --slurm: write the sbatch scripts, submit nothing)
   --notebooks DIR  experiment notebooks to run (default dwg/experiments)
   --no-progress    no progress bar or progress lines
+  --accept-model-terms  accept the terms of use of an embedded model that has them (gemma3-270m: the Gemma Terms
+                   of Use; the same as DWG_ACCEPT_GEMMA_TERMS=1); the model's prepared checkpoint records it
   --log-every S    without a terminal (logs), print the running runs' progress at most every S seconds (default 60)
   `./run_all.sh run --help` prints the sweep's own help (python -m dwg.pipeline.cli run --help).
 Options of `test` go to pytest (e.g. -x, -k NAME); options of `bench` to python -m dwg.dev.bench (see its --help).

@@ -23,11 +23,12 @@ from .execute import interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_
 from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
+from ..science.facts.embedded import EMBEDDED_MODELS, check_terms, embedded_checkpoint
 
 logger = logging.getLogger("dwg.pipeline.cli")  # not __name__: as `python -m dwg.pipeline.cli` that is __main__
 
 # %% auto #0
-__all__ = ['logger', 'cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
+__all__ = ['logger', 'check_model_terms', 'cmd_run', 'sweeps_under', 'cmd_status', 'cmd_show', 'main']
 
 # %% ../../nbs/05d_cli.ipynb #32d31906
 def _at_least(low, kind=int):
@@ -92,6 +93,12 @@ def _run_parser(sub):
         "--dry-run", action="store_true", help="expand and check; with --slurm write the sbatch scripts, submit nothing"
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    r.add_argument(
+        "--accept-model-terms",
+        action="store_true",
+        help="accept the terms of use of the embedded models that have them (gemma3-270m: the Gemma Terms of Use), "
+        "as DWG_ACCEPT_GEMMA_TERMS=1 does; the prepared checkpoint records the acceptance",
+    )
     r.add_argument(
         "--log-every",
         type=_at_least(0.0, float),
@@ -215,6 +222,21 @@ def _run_local(args, graph: dict) -> int:
     return 1 if failed else 0
 
 # %% ../../nbs/05d_cli.ipynb #8146256c
+def check_model_terms(models, accept: bool = False) -> None:
+    """Before anything runs: the terms of each embedded model in `models` not prepared yet are accepted (`accept`, for
+    this process and its runs) or already were; else a `SweepError` saying where to read them and how to accept."""
+    for name in models:
+        spec = EMBEDDED_MODELS.get(name)
+        if spec is None or spec.terms is None or (embedded_checkpoint(name) / "config.json").exists():
+            continue
+        if accept:
+            os.environ[spec.terms.env] = "1"  # the runs, child processes, inherit it
+        try:
+            check_terms(spec)
+        except PermissionError as e:
+            raise SweepError(str(e)) from None
+
+
 def cmd_run(args) -> int:
     "`run`: validate everything, hold the runs directory (one sweep at a time), check its space, run or submit."
     if args.slurm and not args.dry_run:
@@ -222,6 +244,7 @@ def cmd_run(args) -> int:
     if not args.slurm and not args.dry_run:
         start_forkserver()  # it imports papermill while the sweep is checked
     sweep = load_sweep(_which(args))
+    check_model_terms(sweep.models, args.accept_model_terms)
     graph = make_graph(sweep, _runs_dir(args, sweep.name), args.notebooks)
     with contextlib.nullcontext() if args.dry_run else sweep_lock(graph["runs_dir"], wait=args.wait):
         states = _prepare(args, graph)

@@ -27,7 +27,7 @@ Commands:
 
 Options of `run` (the command may be left out: `./run_all.sh --profile smoke` runs it):
   --profile NAME   sweep profile: embedded (default), smoke, methods (grafting vs patching), forms, seeds, regime,
-                   regime_small, breadth, custom, localize, lora, paper (docs/how-to/sweeps.md)
+                   regime_small, gemma3 (Gemma 3 270M), breadth, custom, localize, lora, paper (docs/how-to/sweeps.md)
   --sweep FILE     a sweep YAML file instead of a packaged profile
   --runs DIR       where runs are written (default ./runs/<profile>)
   -j, --jobs N     local: run N runs at once (default: the sweep file's jobs:, else 1)

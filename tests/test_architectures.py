@@ -9,7 +9,8 @@ every family measured exact (NAMED and OTHERS).
 
 import pytest
 import torch
-from dwg.dev.coverage import check_family, tiny_random, perturbed, reference_last_logits
+from transformers import AutoConfig, AutoModelForCausalLM
+from dwg.dev.coverage import check_family, grade_model, tiny_random, perturbed, reference_last_logits
 from dwg.engine.graft import graft, resolve_components
 from dwg.engine.arch import architecture
 from dwg.science.scoring.evaluate import SharedPrefix, first_grafted_layer, plan_forward
@@ -134,6 +135,47 @@ def test_named_family_is_exact(model_type):
 def test_every_family_is_exact(model_type):
     "The full run (pytest -m all_families): every family measured exact still is."
     _assert_exact(model_type)
+
+
+GEMMA3_270M = dict(  # the config of gemma3-270m (google/gemma-3-270m) as its prepared checkpoint holds it
+    model_type="gemma3_text",
+    vocab_size=262144,
+    hidden_size=640,
+    intermediate_size=2048,
+    num_hidden_layers=18,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    hidden_activation="gelu_pytorch_tanh",
+    rms_norm_eps=1e-6,
+    layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+    rope_parameters=dict(
+        full_attention=dict(rope_theta=1e6, rope_type="default"),
+        sliding_attention=dict(rope_theta=1e4, rope_type="default"),
+    ),
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+)
+
+
+@pytest.mark.slow
+def test_gemma3_270m_config_is_exact():
+    """Gemma 3 270M's own config with random weights (scaled embeddings, q/k norms, four norms a layer, a 262,144-token
+    tied head), its sliding window set to 4 so that the 9-token prompts cross it: engine == reference, every component
+    alone and all together."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**GEMMA3_270M, sliding_window=4)).eval()
+    ids = torch.randint(1, 262144, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        windowed = model(input_ids=ids).logits[0, -1]
+        model.config.sliding_window = 512
+        assert (model(input_ids=ids).logits[0, -1] - windowed).abs().max() > 1e-3  # the window is at work
+        model.config.sliding_window = 4
+    row = grade_model(model, seq=9)
+    assert row["status"] == "exact", row
+    assert {"q_norm", "k_norm", "ln_post_attn", "ln_post_ffn"} <= set(row["canonical"]), row["canonical"]
 
 
 def test_unsupported_family_names_reason_and_fix():

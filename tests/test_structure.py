@@ -27,7 +27,7 @@ WINGS = {
         ["scoring.recovery", "scoring.splits"],
         ["verdicts.claims_file"],
         ["verdicts.claims"],
-        ["verdicts.chance", "verdicts.regimes", "verdicts.unembedding"],
+        ["verdicts.chance", "verdicts.regimes", "verdicts.unembedding", "verdicts.cross_model"],
         ["pictures.localize_plots", "pictures.charts", "pictures.report"],
         ["pictures.recovery_charts", "pictures.regime_charts"],
         ["pictures.figures_run"],

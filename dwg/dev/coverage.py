@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['logger', 'TINY_SIZES', 'TINY_WINDOW', 'TINY_OVERRIDES', 'MAX_TINY_PARAMS', 'REFERENCE_PARAMS', 'DEFINITIONS_DIFFER',
            'causal_lm_types', 'tiny_config', 'tiny_random', 'perturbed', 'layer_prefix', 'reference_last_logits',
-           'checked_components', 'check_family', 'markdown_table', 'main']
+           'checked_components', 'check_family', 'grade_model', 'markdown_table', 'main']
 
 # %% ../../nbs/02c_coverage.ipynb #aee4ddb3
 TINY_SIZES = dict(
@@ -421,12 +421,20 @@ def _difference(model, donor, comp, ids: torch.Tensor, mask: torch.Tensor, exclu
 
 def check_family(model_type: str, seq: int = 6, seed: int = 0) -> dict:
     "Build `model_type` tiny, then grade it: exact, mismatch (the worst component), not supported or not built (why)."
-    t0 = time.perf_counter()
-    row = dict(model_type=model_type)
     try:
         model = tiny_random(model_type)
     except Exception as e:
-        return dict(row, status="not built", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return dict(
+            model_type=model_type, status="not built", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        )
+    return grade_model(model, seq, seed)
+
+
+def grade_model(model, seq: int = 6, seed: int = 0) -> dict:
+    """Grade grafting on `model` against the token-by-token reference, every checked component alone and all together:
+    exact, mismatch (the worst component), not supported (why)."""
+    t0 = time.perf_counter()
+    row = dict(model_type=model.config.model_type)
     if reason := unsupported_reason(model):
         return dict(row, status="not supported", reason=reason)
     donor, g = perturbed(model), torch.Generator().manual_seed(seed)

@@ -24,9 +24,9 @@ from ..pipeline.train import train
 # %% auto #0
 __all__ = ['MATMUL_OPS', 'METRICS', 'SCORED_ON', 'bench_datasets', 'bench_tag', 'TrainBench', 'train_stage', 'stage_runs',
            'train_stages', 'run_row', 'PhaseProfile', 'phase', 'phase_seconds', 'operator_shares', 'matmul_rate',
-           'phase_report', 'profile_phases', 'fact_means', 'template_scores', 'scores_by_template', 'bench_facts',
-           'score_models', 'paired_difference', 'variant_differences', 'runs_markdown', 'scores_markdown',
-           'differences_markdown', 'phases_markdown', 'profiler_cost_markdown', 'report_markdown']
+           'phase_report', 'profile_phases', 'head_share', 'fact_means', 'template_scores', 'scores_by_template',
+           'bench_facts', 'score_models', 'paired_difference', 'variant_differences', 'runs_markdown',
+           'scores_markdown', 'differences_markdown', 'phases_markdown', 'profiler_cost_markdown', 'report_markdown']
 
 # %% ../../nbs/07b_train_bench.ipynb #0b8e43c6
 def bench_datasets(runs_dir, kind: str, n_facts: int, seed: int = 0) -> dict[str, tuple[Path, str]]:
@@ -203,6 +203,38 @@ def profile_phases(b: TrainBench, stage: str, n_steps: int) -> dict:
         done = train_stage(b, stage, Path(tmp) / "model", steps, force=True, callbacks=[prof], progress=False)
         speed = json.loads((done / TRAIN_SUMMARY).read_text()).get("throughput") or {}
     return phase_report(prof, speed, stage, n_steps)
+
+# %% ../../nbs/07b_train_bench.ipynb #6f466d5e
+def _seconds(fn) -> float:
+    "Wall seconds of one call of `fn`."
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def head_share(model, batch: dict, repeats: int = 3, dtype=torch.bfloat16) -> dict:
+    """Seconds of a forward and backward with the loss and of the decoder alone (median of `repeats`, alternated), and
+    the head and loss's share of the step, on `batch` (input ids, labels, position ids) under `dtype` autocast."""
+
+    def full():
+        model(**batch).loss.backward()
+
+    def body():
+        model.get_decoder()(
+            **{k: v for k, v in batch.items() if k != "labels"}
+        ).last_hidden_state.float().mean().backward()
+
+    times = {"step": [], "decoder": []}
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        for _ in range(repeats + 1):  # the first pair warms up
+            times["step"].append(_seconds(full))
+            times["decoder"].append(_seconds(body))
+            model.zero_grad(set_to_none=True)
+    step, decoder = (statistics.median(t[1:]) for t in times.values())
+    tokens = int(batch["input_ids"].numel())
+    return dict(
+        tokens=tokens, step_s=round(step, 3), decoder_s=round(decoder, 3), head_loss_share=round(1 - decoder / step, 3)
+    )
 
 # %% ../../nbs/07b_train_bench.ipynb #bdde0ee0
 METRICS = dict(top1=lambda r: float(r["rank"] < 1), top5=lambda r: float(r["rank"] < 5), prob=lambda r: r["prob"])

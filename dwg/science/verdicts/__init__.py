@@ -1,2 +1,2 @@
-"""Verdicts: the claims file, each claim's number and verdict, chance, the head's readouts, and the claims across training
-regimes."""
+"""Verdicts: the claims file, each claim's number and verdict, chance, the head's readouts, the claims across training
+regimes, and across models and heads."""

@@ -33,7 +33,7 @@ WINGS = {
         ["pictures.figures_run"],
     ],
     "pipeline": [
-        ["config", "batches", "speed", "locks", "log"],
+        ["config", "batches", "speed", "locks", "log", "loss"],
         ["train"],
         ["sweep_file"],
         ["sweep_checks"],

@@ -20,6 +20,7 @@ from ..science.scoring.tables import bootstrap_interval
 from ..records.run_record import TRAIN_SUMMARY
 from ..records.files import read_jsonl
 from ..pipeline.train import train
+from ..pipeline.loss import chunked_lm_loss
 
 # %% auto #0
 __all__ = ['MATMUL_OPS', 'METRICS', 'SCORED_ON', 'bench_datasets', 'bench_tag', 'TrainBench', 'train_stage', 'stage_runs',
@@ -212,29 +213,32 @@ def _seconds(fn) -> float:
     return time.perf_counter() - t0
 
 
-def head_share(model, batch: dict, repeats: int = 3, dtype=torch.bfloat16) -> dict:
-    """Seconds of a forward and backward with the loss and of the decoder alone (median of `repeats`, alternated), and
-    the head and loss's share of the step, on `batch` (input ids, labels, position ids) under `dtype` autocast."""
+def head_share(model, batch: dict, repeats: int = 3, dtype=torch.bfloat16, chunk: int = 0) -> dict:
+    """Seconds of a forward and backward with the loss, of the decoder alone and (`chunk` > 0) with the chunked loss
+    (median of `repeats`, alternated), and the head and loss's share of the step, on `batch` (input ids, labels,
+    position ids) under `dtype` autocast."""
 
     def full():
         model(**batch).loss.backward()
+
+    def chunked():
+        chunked_lm_loss(model, batch, chunk).backward()
 
     def body():
         model.get_decoder()(
             **{k: v for k, v in batch.items() if k != "labels"}
         ).last_hidden_state.float().mean().backward()
 
-    times = {"step": [], "decoder": []}
+    runs = dict(step=full, decoder=body, **({"chunked": chunked} if chunk else {}))
+    times = {name: [] for name in runs}
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-        for _ in range(repeats + 1):  # the first pair warms up
-            times["step"].append(_seconds(full))
-            times["decoder"].append(_seconds(body))
-            model.zero_grad(set_to_none=True)
-    step, decoder = (statistics.median(t[1:]) for t in times.values())
-    tokens = int(batch["input_ids"].numel())
-    return dict(
-        tokens=tokens, step_s=round(step, 3), decoder_s=round(decoder, 3), head_loss_share=round(1 - decoder / step, 3)
-    )
+        for _ in range(repeats + 1):  # the first round warms up
+            for name, fn in runs.items():
+                times[name].append(_seconds(fn))
+                model.zero_grad(set_to_none=True)
+    median = {name: statistics.median(t[1:]) for name, t in times.items()}
+    out = dict(tokens=int(batch["input_ids"].numel()), **{f"{n}_s": round(s, 3) for n, s in median.items()})
+    return dict(out, head_loss_share=round(1 - median["decoder"] / median["step"], 3))
 
 # %% ../../nbs/07b_train_bench.ipynb #bdde0ee0
 METRICS = dict(top1=lambda r: float(r["rank"] < 1), top5=lambda r: float(r["rank"] < 5), prob=lambda r: r["prob"])

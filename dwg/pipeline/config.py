@@ -59,6 +59,8 @@ class TrainConfig:
     # relative to the profile file naming it); empty: dwg/assets/general_text.txt
     freeze_embeddings: bool = False  # input token embeddings
     freeze_unembeddings: bool = False  # output head (tied models: set both or neither)
+    head_chunk: int = 0  # > 0: the output head and the loss this many tokens at a time (dwg.pipeline.loss): no full
+    # logits tensor, the same loss and gradients; for large vocabularies (0: the model's own loss)
     untie_head: bool = False  # a tied head becomes its own parameter, a copy of the embeddings, before training: the
     # same function at the start, moved apart by fine-tuning (grafting unties the models it runs beside alike)
     eval_loss: bool = True  # validation loss each epoch (validation.jsonl)
@@ -233,7 +235,9 @@ _POSITIVE = (
     "pack_width",
     "checkpoint_steps",
 )  # settings that must be > 0
-_AT_LEAST = dict(weight_decay=0, max_grad_norm=0, min_steps=0, warmup_steps=0, length_chunk=1, recall_facts=-1)
+_AT_LEAST = dict(
+    weight_decay=0, max_grad_norm=0, min_steps=0, warmup_steps=0, length_chunk=1, recall_facts=-1, head_chunk=0
+)
 
 
 def _check_bounds(cfg: TrainConfig, source: str) -> None:
@@ -264,6 +268,10 @@ def make_config(data: dict, source: str = "the config") -> TrainConfig:
     _check_bounds(cfg, source)
     if cfg.epochs <= 0 and cfg.max_steps <= 0:
         raise ValueError(f"{source}: set 'epochs' > 0 (or 'max_steps' > 0).")
+    if cfg.lora and cfg.head_chunk:
+        raise ValueError(
+            f"{source}: head_chunk with lora: the chunked loss runs the base model's decoder itself; set head_chunk: 0."
+        )
     if cfg.lora and (frozen := [k for k in ("freeze_embeddings", "freeze_unembeddings") if getattr(cfg, k)]):
         raise ValueError(
             f"{source}: {' and '.join(frozen)} with lora: a LoRA fine-tune trains only its adapter, every "

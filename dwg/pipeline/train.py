@@ -23,7 +23,8 @@ import yaml
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from ..science.facts import models
-from ..science.facts.embedded import EMBEDDED
+from .loss import check_chunked_loss, chunked_lm_loss
+from ..science.facts.embedded import EMBEDDED, EMBEDDED_MODELS, checkpoint_source, embedded_checkpoint
 from ..science.facts.data import DIRECTIONS, FACT_SPLITS
 from .config import TrainConfig, general_texts, resolve_config, training_profiles
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
@@ -417,11 +418,27 @@ def training_args(
 
 # %% ../../nbs/04_train.ipynb #a077fe8an15
 class _Trainer(Trainer):
-    "The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length."
+    """The transformers `Trainer`, with `LengthChunkSampler` when the profile groups texts by length and the chunked
+    loss when it sets `head_chunk`."""
 
-    def __init__(self, *args, length_chunk: int = 0, **kwargs):
+    def __init__(self, *args, length_chunk: int = 0, head_chunk: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.length_chunk, self.tokens = length_chunk, [0, 0]
+        self.length_chunk, self.head_chunk, self.tokens = length_chunk, head_chunk, [0, 0]
+        self.loss_checked = False
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        "The model's loss, or with `head_chunk` the chunked one (checked once against the model's own)."
+        if not self.head_chunk or return_outputs or not model.training:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        counted = num_items_in_batch if self.model_accepts_loss_kwargs else None  # as the model's own loss is given
+        loss = chunked_lm_loss(model, inputs, self.head_chunk, counted)
+        if self.args.average_tokens_across_devices and counted is not None and self.accelerator.num_processes > 1:
+            loss = loss * self.accelerator.num_processes  # what the Trainer does to the model's own (data parallel)
+        if not self.loss_checked:
+            with torch.no_grad():
+                check_chunked_loss(loss, super().compute_loss(model, inputs, False, num_items_in_batch))
+            self.loss_checked = True
+        return loss
 
     def _prepare_inputs(self, inputs):
         "The batch without its `real_tokens` count (a count, not an input)."
@@ -490,7 +507,7 @@ def _config_record(cfg: TrainConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(cfg).items() if v or k not in _LATER_SETTINGS}
 
 
-_LATER_SETTINGS = ("supplemental", "supplemental_file", "untie_head")  # recorded only when set
+_LATER_SETTINGS = ("supplemental", "supplemental_file", "untie_head", "head_chunk")  # recorded only when set
 
 
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:
@@ -529,6 +546,7 @@ def _summary(run: dict, trainer, result, epochs: list, started: tuple) -> dict:
         n_facts=len(run["data"]["fact_ids"]),
         n_recall_examples=run["n_recall"],
         frozen=run["frozen"],
+        model_source=run["source"],
         lora=cfg.lora or None,
         trainable_params=run["params"][0],
         total_params=run["params"][1],
@@ -583,6 +601,8 @@ def _checked_run(model: str, ds_dir, direction: str, split: str, config, overrid
         device=dev_type,
         precision=resolve_precision(cfg.precision, dev_type),
         frozen=[] if cfg.lora else freeze_embeddings(net, cfg.freeze_embeddings, cfg.freeze_unembeddings),
+        # an embedded model: where it came from, its GGUF's sha256, the terms its user accepted
+        source=checkpoint_source(embedded_checkpoint(model)) if str(model) in EMBEDDED_MODELS else None,
         profile=str(config) if not isinstance(config, (dict, TrainConfig)) else "custom",
         run_config=dict(
             model=str(model),
@@ -633,6 +653,7 @@ def _make_trainer(run: dict, net, tok, work: Path, seed: int, progress: bool, ca
         model=net,
         args=args,
         length_chunk=cfg.length_chunk if cfg.group_by_length else 0,
+        head_chunk=cfg.head_chunk,
         data_collator=_collator(cfg, net, tok),
         processing_class=tok,
         train_dataset=texts,

@@ -4,13 +4,13 @@
 
 # %% ../../../nbs/06k_cross_model.ipynb #7cefb9dd
 from __future__ import annotations
+import json
 import re
 from pathlib import Path
 import pandas as pd
-from ..scoring.scores import interval_text
 
 # %% auto #0
-__all__ = ['CELL_COLUMNS', 'PAPER_NUMBERS', 'cell_from_claims', 'cells_from_regimes', 'cross_model_table', 'cells_of_runs']
+__all__ = ['CELL_COLUMNS', 'PAPER_NUMBERS', 'cell_from_claims', 'cross_model_table', 'cells_of_runs']
 
 # %% ../../../nbs/06k_cross_model.ipynb #f7fdafa5
 CELL_COLUMNS = ["claim", "form", "number", "verdict"]
@@ -21,16 +21,6 @@ def cell_from_claims(claims: pd.DataFrame) -> pd.DataFrame:
     pooled = claims[claims["prompts"] == "all"]
     out = pooled.rename(columns={"verdict's number": "number"})[CELL_COLUMNS]
     return out.astype(str).reset_index(drop=True)
-
-
-def cells_from_regimes(regime_claims: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    "A regimes run's `regime_claims.csv` as one cell per regime (name -> cell), in the order they appear."
-    out = {}
-    for regime, rows in regime_claims.groupby("regime", sort=False):
-        number = [interval_text(v, lo, hi) for v, lo, hi in zip(rows["value"], rows["lo"], rows["hi"])]
-        cell = rows.assign(number=number)[CELL_COLUMNS]
-        out[str(regime)] = cell.astype(str).reset_index(drop=True)
-    return out
 
 # %% ../../../nbs/06k_cross_model.ipynb #e092a349
 PAPER_NUMBERS = {
@@ -79,16 +69,16 @@ def cross_model_table(cells: dict[str, pd.DataFrame], paper: dict | None = None)
 
 # %% ../../../nbs/06k_cross_model.ipynb #3bc014a6
 def cells_of_runs(runs_dir, model: str) -> dict[str, pd.DataFrame]:
-    """`model · regime` -> cell for each regime of the finished regimes runs under `runs_dir`; without one, `model` ->
-    the cell of its finished figures run (an error when there are several: pass the one meant)."""
-    runs_dir = Path(runs_dir)
-    regimes = sorted(runs_dir.glob("regimes/*/regime_claims.csv"))
-    if regimes:
-        return {f"{model} · {r}": c for f in regimes for r, c in cells_from_regimes(pd.read_csv(f)).items()}
-    figures = sorted(runs_dir.glob("figures/*/claims.csv"))
-    if len(figures) != 1:
-        raise ValueError(
-            f"{runs_dir}: {len(figures)} finished figures runs with a claims.csv and no regimes run; give the runs "
-            "directory of one sweep (./run_all.sh --profile embedded writes runs/embedded)."
+    "`model · regime` (`model` alone without regimes) -> cell, for each finished figures run under `runs_dir`."
+    found = sorted(Path(runs_dir).glob("figures/*/claims.csv"))
+    if not found:
+        raise FileNotFoundError(
+            f"No finished figures run under {runs_dir} (figures/*/claims.csv). Fix: run the sweep first "
+            "(./run_all.sh --profile NAME writes runs/NAME), or give the runs directory it wrote."
         )
-    return {model: cell_from_claims(pd.read_csv(figures[0]))}
+    out = {}
+    for path in found:
+        label = json.loads((path.parent / "sweep_run.json").read_text())["label"]  # `gemma3:untied`, or `embedded`
+        regime = label.split(":", 1)[1] if ":" in label else ""
+        out[f"{model} · {regime}" if regime else model] = cell_from_claims(pd.read_csv(path))
+    return out

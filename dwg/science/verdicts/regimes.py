@@ -16,7 +16,7 @@ __all__ = ['REGIME_CLAIM_COLUMNS', 'HEAD_FROZEN', 'SUMMARY_COLUMNS', 'regime_lab
 
 # %% ../../../nbs/06g_regimes.ipynb #e9000007
 _FROZEN = {(True, True): "frozen embeddings + head", (True, False): "frozen embeddings", (False, True): "frozen head"}
-_LABELLED = {"learning_rate", "epochs", "freeze_embeddings", "freeze_unembeddings"}
+_LABELLED = {"learning_rate", "epochs", "freeze_embeddings", "freeze_unembeddings", "untie_head"}
 
 
 def _number(x: float) -> str:
@@ -40,7 +40,8 @@ def regime_label(name: str, settings: dict) -> str:
     steps = [f"lr {_number(float(o['learning_rate']))}"] if "learning_rate" in o else []
     steps += [f"{float(o['epochs']):g} ep"] if "epochs" in o else []
     frozen = _FROZEN.get((bool(o.get("freeze_embeddings")), bool(o.get("freeze_unembeddings"))))
-    return ", ".join(p for p in (" x ".join(steps), frozen) if p) or name
+    untied = "untied head" if o.get("untie_head") else ""
+    return ", ".join(p for p in (" x ".join(steps), untied, frozen) if p) or name
 
 # %% ../../../nbs/06g_regimes.ipynb #e900000c
 def _order(settings: dict) -> tuple:

@@ -12,7 +12,7 @@ Usage: ./run_all.sh [COMMAND] [OPTIONS]
 Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
   status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
-                 --runs DIR or --profile NAME), with the executed notebook of each failed run
+                 --runs DIR or --profile NAME), the done runs' summed run time, the executed notebook of each failed run
   test           set up, then lint (ruff), run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
                  (the first time, it byte-compiles the rest of .venv: the tests import far more than the main job)
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,

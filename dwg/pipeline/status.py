@@ -4,6 +4,7 @@
 
 # %% ../../nbs/05g_status.ipynb #aa5a9b0b
 from __future__ import annotations
+import json
 import logging
 import sys
 import time
@@ -17,7 +18,7 @@ from .execute import run_failure
 logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'progress_line', 'status', 'format_status', 'running_text', 'ProgressNote']
+__all__ = ['logger', 'progress_line', 'run_seconds', 'status', 'format_status', 'running_text', 'ProgressNote']
 
 # %% ../../nbs/05g_status.ipynb #f32e3782
 def progress_line(runs_dir, run) -> str | None:
@@ -46,7 +47,17 @@ def _status_item(runs_dir, r: Run, cancelled: dict, logs: dict) -> dict:
         item["reason"] = cancelled[r.key]
     if st == "running":
         item["progress"] = progress_line(runs_dir, r)
+    if st == "done":
+        item["seconds"] = run_seconds(runs_dir, r)
     return item
+
+
+def run_seconds(runs_dir, r: Run) -> float | None:
+    "The wall seconds a finished run took, as its run record (`sweep_run.json`) holds them; None if it holds none."
+    try:
+        return json.loads((run_paths(runs_dir, r).final / "sweep_run.json").read_text()).get("wall_seconds")
+    except (OSError, ValueError):
+        return None
 
 # %% ../../nbs/05g_status.ipynb #6b16c77c
 def status(runs_dir, graph: dict | None = None, cancelled: dict | None = None, logs: dict | None = None) -> dict:
@@ -58,12 +69,23 @@ def status(runs_dir, graph: dict | None = None, cancelled: dict | None = None, l
     return out
 
 
+def _minutes(items: list[dict]) -> float:
+    "The summed run time, in minutes, of the done runs among `items` that recorded theirs."
+    return sum(i.get("seconds") or 0 for i in items if i["state"] == "done") / 60
+
+
 def format_status(st: dict) -> str:
-    "Status as text: one line per stage, then the failed, corrupt, cancelled and running runs."
+    """Status as text: one line per stage (the runs in each state, the done runs' summed run time), the total, then the
+    failed, corrupt, cancelled and running runs."""
     states = ("done", "corrupt", "running", "failed", "interrupted", "cancelled", "pending")
-    lines = [f"{'stage':18s} " + " ".join(f"{s:>11s}" for s in states)]
+    lines = [f"{'stage':18s} " + " ".join(f"{s:>11s}" for s in states) + f" {'run time':>11s}"]
     for stage, items in st.items():
-        lines.append(f"{stage:18s} " + " ".join(f"{sum(i['state'] == s for i in items):11d}" for s in states))
+        counts = " ".join(f"{sum(i['state'] == s for i in items):11d}" for s in states)
+        lines.append(f"{stage:18s} {counts} {_minutes(items):>7.1f} min")
+    everything = [i for items in st.values() for i in items]
+    lines.append(
+        f"{'total':18s} {' ' * 12 * len(states)}{_minutes(everything):>7.1f} min (the done runs' own times, summed)"
+    )
     for i in (i for items in st.values() for i in items):
         head = f"{i['state'].upper()} {i['key']} ({i['label']}): "
         if i["state"] in ("failed", "interrupted"):

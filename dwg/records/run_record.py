@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 import dwg
 from .files import atomic_write
-from .provenance import git_commit, machine
+from .provenance import git_commit, git_dirty, machine, versions
 
 # %% auto #0
 __all__ = ['RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'file_digest', 'output_digests', 'write_run_record', 'is_finished',
@@ -51,11 +51,13 @@ def _as_json(x):
 
 
 def write_run_record(out_dir, config: dict, started: float, **extra) -> Path:
-    "Write `run.json` (config, version, commit, host, machine, wall time, outputs' checksums, extras) last."
+    "Write `run.json` (config, versions, commit, dirty tree, host, machine, wall time, outputs' digests, extras) last."
     record = dict(
         config=config,
         dwg_version=dwg.__version__,
         git_commit=git_commit(),
+        git_dirty=git_dirty(),
+        versions=versions(),
         host=platform.node(),
         machine=machine(),
         started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),

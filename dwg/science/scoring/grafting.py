@@ -17,12 +17,14 @@ from ...records.run_record import write_run_record
 from ..facts.data import has_reversal_prompts
 from .evaluate import evaluate_plans, models_depth, select_examples
 from ..facts.models import load, match_heads
+from ..facts.embedded import EMBEDDED_MODELS, checkpoint_source, embedded_checkpoint
 from .readout import write_readouts
 from dwg.science.scoring.plans import (
     Rule,
     check_plan_roles,
     example_roles,
     plans_at,
+    plans_digest,
     resolve_plans,
     unknown_roles,
 )
@@ -153,10 +155,16 @@ RECORDED = (  # the settings of `run_grafting` its run record keeps, as resolved
 
 
 def _run_config(models: dict, dataset_dir, plans: list, **settings) -> dict:
-    "A grafting run's config for its record: the models (names or paths), the dataset, the plans scored, its settings."
+    """A grafting run's config for its record: the models (names or paths; an embedded model's source, its GGUF's
+    sha256 among it), the dataset, the plans scored and a digest of each one's definition, its settings."""
     named = {k: str(v) for k, v in models.items() if not isinstance(v, tuple)}
+    sources = {k: checkpoint_source(embedded_checkpoint(v)) for k, v in named.items() if v in EMBEDDED_MODELS}
     settings["reversal_plans"] = list(settings["reversal_plans"])
-    return dict(models=named, dataset_dir=str(dataset_dir), plans=[p.name for p in plans], **settings)
+    digests = {p.name: plans_digest([p]) for p in plans}
+    names = [p.name for p in plans]
+    return dict(
+        models=named, model_sources=sources, dataset_dir=str(dataset_dir), plans=names, plan_digests=digests, **settings
+    )
 
 
 def _write_run(out_dir, rows: list[dict], config: dict, started: float, n_examples: int):

@@ -38,6 +38,8 @@ _DECIDED = re.compile(r"^(does not|partly|reproduces)$")
 
 def _across(verdicts: dict) -> str:
     "Whether the cells' verdicts agree: same in all (X), differs (X at A; Y at B), or not decided everywhere."
+    if verdicts and all(v.startswith("none: a measure") for v in verdicts.values()):
+        return "a measure, not a claim"
     decided = {cell: v for cell, v in verdicts.items() if _DECIDED.match(v)}
     ways = sorted(set(decided.values()))
     if len(ways) > 1:

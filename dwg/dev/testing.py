@@ -17,7 +17,7 @@ from ..science.scoring.plans import QUARTERS, catalogue, figure_order, figure_re
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'SYNTHETIC_REGIMES', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
-           'synthetic_paper_results', 'ranked_results', 'synthetic_regime_results']
+           'synthetic_paper_results', 'ranked_results', 'synthetic_regime_results', 'fake_figures_run', 'fake_runs']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
 # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -339,3 +339,65 @@ def synthetic_regime_results(seed: int = 0, fact_counts=(8, 16)) -> pd.DataFrame
     return pd.concat(
         [_regime_cell(r, n, seed + i, n == max(fact_counts)) for i, (r, n) in enumerate(cells)], ignore_index=True
     )
+
+# %% ../../nbs/09_testing.ipynb #ffa9b53f
+def fake_figures_run(
+    fig_dir, label: str = "embedded", verdicts=("partly", "reproduces"), started="2027-01-15T10:00:00"
+):
+    "Write a tiny finished figures run (claims, positions, chance, accuracy, lens, records) into `fig_dir`; for tests."
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    claims = pd.DataFrame(
+        {
+            "claim": ["FE+LT nearly recovers SFT", "FE alone recovers the fact"],
+            "form": ["default", "default"],
+            "paper": "",
+            "measure": ["FE+LT top-5 / SFT top-5", "FE top-5 / SFT top-5"],
+            "prompts": "all",
+            "ours": ["0.79 [0.66, 0.89]", "n/a (SFT at the floor)"],
+            "floor-corrected": "",
+            "chance-corrected": ["0.82 [0.69, 0.93]", ""],
+            "verdict reads": "raw",
+            "verdict's number": ["0.79 [0.66, 0.89]", "n/a (SFT at the floor)"],
+            "undefined": 0,
+            "seeds": 1,
+            "facts": 15,
+            "verdict": list(verdicts),
+            "set": "before the run",
+        }
+    )
+    claims.to_csv(fig_dir / "claims.csv", index=False)
+    pd.DataFrame(
+        {
+            "model": "smollm2-135m",
+            "dataset": "fake",
+            "plan": ["PRE", "FE+LT"],
+            "top-1": ["0.00 [0.00, 0.00]", "0.57 [0.44, 0.70]"],
+            "top-5": ["0.00 [0.00, 0.00]", "0.77 [0.63, 0.89]"],
+            "facts": 15,
+        }
+    ).to_csv(fig_dir / "positions.csv", index=False)
+    pd.DataFrame({"plan": ["FE+LT"], "top-5": [0.77], "chance": [0.02], "seeds": [1], "facts": [15]}).to_csv(
+        fig_dir / "chance.csv", index=False
+    )
+    pd.DataFrame({"model": ["smollm2-135m"]}).to_csv(fig_dir / "accuracy.csv", index=False)
+    lens = {"plan": ["SFT"], "unembedding": ["fine-tuned"], "layer 0": ["0.00 / -25.2"], "layer 29": ["0.97 / -0.7"]}
+    pd.DataFrame(lens).to_csv(fig_dir / "lens.csv", index=False)
+    record = dict(
+        git_commit="0123456789abcdef",
+        started=started,
+        machine=dict(cpu="AMD EPYC", flags=["avx2"]),
+        claims_sha256="ab" * 32,
+        runs=[],
+    )
+    (fig_dir / "run.json").write_text(json.dumps(record))
+    (fig_dir / "sweep_run.json").write_text(json.dumps(dict(label=label)))
+    return fig_dir
+
+# %% ../../nbs/09_testing.ipynb #e654861c
+def fake_runs(runs_dir, profile: str = "embedded", **kwargs) -> Path:
+    "A runs directory holding one finished fake figures run of `profile`'s sweep; for tests."
+    runs_dir = Path(runs_dir)
+    fake_figures_run(runs_dir / "figures" / "f1", label=profile, **kwargs)
+    (runs_dir / "sweep.json").write_text(json.dumps(dict(sweep=profile, runs=[dict(stage="figures", id="f1")])))
+    return runs_dir

@@ -23,7 +23,10 @@ from .execute import interrupt_on_sigterm, remove_runs, run_from_graph, runs_to_
 from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
+from .results import add_results_parsers, cmd_check, cmd_results
 from ..science.facts.embedded import EMBEDDED_MODELS, check_terms, embedded_checkpoint
+from ..science.pictures.pages import PageError
+from ..science.verdicts.snapshot import SnapshotError
 
 logger = logging.getLogger("dwg.pipeline.cli")  # not __name__: as `python -m dwg.pipeline.cli` that is __main__
 
@@ -124,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the status as JSON (one item per run)")
     sh = sub.add_parser("show", help="print the expanded run graph")
     _which_sweep(sh)
+    add_results_parsers(sub)
     o = sub.add_parser("run-one", help="execute one run of a graph (what the backends call)")
     o.add_argument("--graph", required=True)
     o.add_argument("--run")
@@ -297,11 +301,13 @@ def main(argv=None) -> int:
         "run": cmd_run,
         "status": cmd_status,
         "show": cmd_show,
+        "results": cmd_results,
+        "check": cmd_check,
         "run-one": lambda a: run_from_graph(a.graph, a.run, a.stage, a.index),
     }
     try:
         return commands[args.cmd](args)
-    except (SweepError, RunBusy, SlurmError, SweepBusy, NoSpace) as e:
+    except (SweepError, RunBusy, SlurmError, SweepBusy, NoSpace, SnapshotError, PageError) as e:
         logger.error(f"error: {e}")
         return 2
 

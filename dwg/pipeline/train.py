@@ -6,7 +6,6 @@
 from __future__ import annotations
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from .config import TrainConfig, general_texts, resolve_config, training_profile
 from .batches import LengthChunkSampler, PackCollator, PadCollator, encode_rows, packing_works
 from .speed import StepProducts, StepTimer, linear_shapes, throughput, throughput_line
 from ..science.scoring.evaluate import first_token_scores, top_k
-from ..records.run_record import TRAIN_SUMMARY, has_train_summary
+from ..records.run_record import TRAIN_SUMMARY, dir_fingerprint, has_train_summary
 from ..records.files import atomic_write, publish_dir, read_jsonl
 from ..records.progress import report_progress, reusing_freed_memory
 
@@ -316,15 +315,6 @@ def _write_json(path: Path, obj) -> None:
     "Write JSON atomically."
     atomic_write(path, json.dumps(obj, indent=1, default=str) + "\n")
 
-
-def _dataset_fingerprint(ds: Path) -> str:
-    "A short hash of a dataset directory's files."
-    h = hashlib.sha256()
-    for name in sorted(p.name for p in ds.iterdir() if p.is_file()):
-        h.update(name.encode())
-        h.update((ds / name).read_bytes())
-    return h.hexdigest()[:16]
-
 # %% ../../nbs/04_train.ipynb #a077fe8a
 def _is_main() -> bool:
     "Whether this is the main process (of a multi-GPU run, or the only one)."
@@ -607,7 +597,7 @@ def _checked_run(model: str, ds_dir, direction: str, split: str, config, overrid
         run_config=dict(
             model=str(model),
             dataset_dir=str(ds.resolve()),
-            dataset_fingerprint=_dataset_fingerprint(ds),
+            dataset_fingerprint=dir_fingerprint(ds),
             direction=direction,
             split=split,
             seed=seed,

@@ -14,8 +14,9 @@ from .files import atomic_write
 from .provenance import git_commit, git_dirty, machine, versions
 
 # %% auto #0
-__all__ = ['RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'file_digest', 'output_digests', 'write_run_record', 'is_finished',
-           'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models', 'training_row', 'training_table']
+__all__ = ['RECORD', 'NOT_OUTPUTS', 'TRAIN_SUMMARY', 'file_digest', 'dir_fingerprint', 'output_digests', 'write_run_record',
+           'is_finished', 'check_outputs', 'run_integrity', 'has_train_summary', 'trained_models', 'training_row',
+           'training_table']
 
 # %% ../../nbs/08_run_record.ipynb #3ccbfc2d
 RECORD = "run.json"  # written last by every run: the mark that it finished, with a checksum of each output
@@ -36,6 +37,15 @@ def file_digest(path) -> dict:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return dict(size=Path(path).stat().st_size, sha256=h.hexdigest())
+
+
+def dir_fingerprint(path) -> str:
+    "A short hash of a directory's files (names and bytes; not its subdirectories): a dataset's fingerprint."
+    h = hashlib.sha256()
+    for name in sorted(p.name for p in Path(path).iterdir() if p.is_file()):
+        h.update(name.encode())
+        h.update((Path(path) / name).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def output_digests(out_dir) -> dict[str, dict]:

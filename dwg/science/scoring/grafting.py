@@ -13,7 +13,7 @@ import pandas as pd
 from ...engine.lora import adapter_dir, as_donor, read_adapter
 from ...records.progress import reusing_freed_memory
 from ...records.files import write_jsonl
-from ...records.run_record import write_run_record
+from ...records.run_record import dir_fingerprint, write_run_record
 from ..facts.data import has_reversal_prompts
 from .evaluate import evaluate_plans, models_depth, select_examples
 from ..facts.models import load, match_heads
@@ -156,14 +156,21 @@ RECORDED = (  # the settings of `run_grafting` its run record keeps, as resolved
 
 def _run_config(models: dict, dataset_dir, plans: list, **settings) -> dict:
     """A grafting run's config for its record: the models (names or paths; an embedded model's source, its GGUF's
-    sha256 among it), the dataset, the plans scored and a digest of each one's definition, its settings."""
+    sha256 among it), the dataset and its fingerprint, the plans scored and a digest of each one's definition, its
+    settings."""
     named = {k: str(v) for k, v in models.items() if not isinstance(v, tuple)}
     sources = {k: checkpoint_source(embedded_checkpoint(v)) for k, v in named.items() if v in EMBEDDED_MODELS}
     settings["reversal_plans"] = list(settings["reversal_plans"])
     digests = {p.name: plans_digest([p]) for p in plans}
     names = [p.name for p in plans]
     return dict(
-        models=named, model_sources=sources, dataset_dir=str(dataset_dir), plans=names, plan_digests=digests, **settings
+        models=named,
+        model_sources=sources,
+        dataset_dir=str(dataset_dir),
+        dataset_fingerprint=dir_fingerprint(dataset_dir),
+        plans=names,
+        plan_digests=digests,
+        **settings,
     )
 
 

@@ -11,7 +11,7 @@ from ..scoring.tables import POOLED, markdown_table, report_tables
 from ..scoring.recovery import recovery_summary, recovery_table, with_recovery
 from ..verdicts.claims import claims_summary
 from ..scoring.splits import direction_table, split_table
-from .report import markdown_sections, tables_title
+from .report import Html, markdown_sections, tables_title, verdicts_html
 
 logger = logging.getLogger(__name__)
 
@@ -176,10 +176,11 @@ def figure_markdown(t: FigureTables) -> list[str]:
     ]
 
 # %% ../../../nbs/06j_figures_run.ipynb #8c8ee6f8
-def figure_sections(t: FigureTables) -> tuple[list[tuple[str, pd.DataFrame]], int]:
-    "The report's sections (claims, chance, report tables, readouts, training runs) and where the figures go."
-    first = [*_if_rows(t.claims_heading, t.claims), *_if_rows(t.chance_heading, t.chance)]
-    rest = [(TABLE_CAPTIONS[name], table) for name, table in t.report.items()]
+def figure_sections(t: FigureTables) -> tuple[list[tuple[str, pd.DataFrame | Html]], int]:
+    """The report's sections and where the figures go: the verdicts first (`verdicts_html`), then the figures, then
+    chance, the report tables, readouts and training runs."""
+    first = [(t.claims_heading, verdicts_html(t.claims))] if len(t.claims) else []
+    rest = [*_if_rows(t.chance_heading, t.chance), *((TABLE_CAPTIONS[n], table) for n, table in t.report.items())]
     rest += [*t.readouts.values(), *_if_rows("Training runs", t.training)]
     return first + rest, len(first)
 

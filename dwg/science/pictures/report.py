@@ -6,7 +6,6 @@
 from __future__ import annotations
 import base64
 import html
-import json
 import logging
 import re
 from pathlib import Path
@@ -14,15 +13,19 @@ import pandas as pd
 from ...records.files import atomic_write, file_problem
 from ...records.provenance import git_commit, machine
 from ...records.run_record import write_run_record
+from ..verdicts.claims import REGIONS
+from ..verdicts.claims_file import load_claims
+from ..verdicts.snapshot import parse_interval
 from ..scoring.tables import load_runs, markdown_table
 
 logger = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'IMAGE_TYPES', 'PNG_SIGNATURE', 'STYLE', 'SYNTHETIC_PREFIX', 'figure_data_uri', 'figure_files', 'text_html',
-           'table_html', 'provenance_html', 'figure_html', 'report_html', 'write_report', 'synthetic_prefix',
-           'tables_title', 'finished_results', 'run_names', 'training_seeds', 'bootstrap_over', 'bootstrap_note',
-           'run_provenance', 'markdown_sections', 'write_tables', 'write_report_files', 'write_analysis_record']
+__all__ = ['logger', 'IMAGE_TYPES', 'PNG_SIGNATURE', 'STYLE', 'REGION_COLOURS', 'SYNTHETIC_PREFIX', 'figure_data_uri',
+           'figure_files', 'text_html', 'table_html', 'provenance_html', 'figure_html', 'Html', 'report_html',
+           'write_report', 'interval_svg', 'verdicts_html', 'synthetic_prefix', 'tables_title', 'finished_results',
+           'run_names', 'training_seeds', 'bootstrap_over', 'bootstrap_note', 'run_provenance', 'markdown_sections',
+           'write_tables', 'write_report_files', 'write_analysis_record']
 
 # %% ../../../nbs/06f_report.ipynb #1ede9d3f
 IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
@@ -100,12 +103,18 @@ def _anchor(heading: str, taken: set) -> str:
     return anchor
 
 
+def _readable(value) -> str:
+    "A provenance value as text: a list as its items, a mapping as `key: value` pairs, anything else as text."
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_readable(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_readable(v)}" for k, v in value.items())
+    return str(value)
+
+
 def _provenance_value(value) -> str:
-    "A provenance value as escaped text: text as is, None as unknown, anything else as JSON."
-    if value is None:
-        return "<em>unknown</em>"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return html.escape(text)
+    "A provenance value as escaped text (`_readable`), None as unknown."
+    return "<em>unknown</em>" if value is None else html.escape(_readable(value))
 
 
 def provenance_html(provenance: dict) -> str:
@@ -122,6 +131,10 @@ def figure_html(name: str, uri: str, anchor: str) -> str:
     return f'<figure id="{anchor}"><img src="{uri}" alt="{label}"><figcaption>{label}</figcaption></figure>'
 
 # %% ../../../nbs/06f_report.ipynb #48b7f33e
+class Html(str):
+    "A section's body that is HTML already (its text escaped by whoever made it), put in the page as it is."
+
+
 def _check_sections(sections) -> list[tuple[str, pd.DataFrame | str]]:
     "The sections as (heading, body) pairs, or a ValueError naming the first bad one."
     out = []
@@ -129,7 +142,8 @@ def _check_sections(sections) -> list[tuple[str, pd.DataFrame | str]]:
         ok = isinstance(s, (tuple, list)) and len(s) == 2 and isinstance(s[0], str) and s[0].strip()
         if not ok or not isinstance(s[1], (pd.DataFrame, str)):
             raise ValueError(
-                f"Section {i} ({str(s)[:60]!r}) is not a (heading, DataFrame or markdown text) pair with a heading."
+                f"Section {i} ({str(s)[:60]!r}) is not a (heading, DataFrame, markdown text or Html) pair with a "
+                "heading."
             )
         out.append((s[0].strip(), s[1]))
     return out
@@ -155,6 +169,8 @@ th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:left;vertical-align:t
 th{background:#f2f2f2}tbody tr:nth-child(even) td{background:#fafafa}
 .wide{overflow-x:auto}figure{margin:1.5rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-weight:600;margin-top:.3rem}code,pre{background:#f5f5f5;font-size:.85rem}pre{padding:.5rem;overflow-x:auto}
+ol.contents{columns:2;font-size:.9rem}svg.strip{display:block}details{margin:.5rem 0 1rem}summary{cursor:pointer}
+.legend span{display:inline-block;width:.9rem;height:.9rem;vertical-align:middle;margin:0 .25rem 0 .6rem}
 """
 
 
@@ -172,7 +188,7 @@ def _figures_block(figures: dict, taken: set) -> tuple[str, list[str]]:
 def _section_block(heading: str, body, taken: set) -> tuple[str, list[str]]:
     "One section's HTML and its contents entry."
     anchor = _anchor(heading, taken)
-    inner = table_html(body) if isinstance(body, pd.DataFrame) else text_html(body)
+    inner = table_html(body) if isinstance(body, pd.DataFrame) else body if isinstance(body, Html) else text_html(body)
     label = html.escape(heading)
     return f'<section id="{anchor}"><h2>{label}</h2>{inner}</section>', [f'<li><a href="#{anchor}">{label}</a></li>']
 
@@ -184,18 +200,15 @@ def report_html(sections, figures: dict, provenance: dict, title: str = "dwg fig
     blocks = [_section_block(h, b, taken) for h, b in sections]
     if figures:
         blocks.insert(len(blocks) if figures_at is None else figures_at, _figures_block(figures, taken))
-    contents = "".join(e for _, entries in blocks for e in entries)
+    contents = "".join(e for _, entries in blocks for e in entries) + '<li><a href="#provenance">Provenance</a></li>'
     head = (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>\n<body>"
     )
-    top = (
-        f"<h1>{html.escape(title)}</h1>"
-        f'<section id="provenance"><h2>Provenance</h2>{provenance_html(provenance)}</section>'
-        f'<nav id="contents"><h2>Contents</h2><ol><li><a href="#provenance">Provenance</a></li>{contents}</ol></nav>'
-    )
-    return "\n".join([head, top, *(b for b, _ in blocks), "</body></html>\n"])
+    top = f'<h1>{html.escape(title)}</h1><nav id="contents"><ol class="contents">{contents}</ol></nav>'
+    last = f'<section id="provenance"><h2>Provenance</h2>{provenance_html(provenance)}</section>'
+    return "\n".join([head, top, *(b for b, _ in blocks), last, "</body></html>\n"])
 
 
 def write_report(
@@ -209,6 +222,64 @@ def write_report(
 ) -> Path:
     "Write `report_html(...)` to `out_dir/name` atomically (nothing is written when an argument is bad); its path."
     return atomic_write(Path(out_dir) / name, report_html(sections, figures, provenance, title, figures_at))
+
+# %% ../../../nbs/06f_report.ipynb #a95686fe
+REGION_COLOURS = {"does not": "#f3cfcf", "partly": "#f5e7b8", "reproduces": "#cfe8cd"}
+
+
+def interval_svg(value, lo, hi, part, full, higher: bool = True, width: int = 240, height: int = 22) -> str:
+    """A claim's number and interval against its thresholds as a small SVG: regions shaded (does not, partly,
+    reproduces; `higher=False`: low numbers reproduce), the interval a bar, the number a dot; '' without them."""
+    if part is None or full is None or any(x != x for x in (value, lo, hi)):
+        return ""
+    a, b = min(0.0, value, lo, part, full), max(1.0, value, hi, part, full)
+    a, b = a - 0.04 * (b - a), b + 0.04 * (b - a)
+    x = lambda v: round((v - a) / (b - a) * width, 1)
+    edges = [a, *sorted((part, full)), b]
+    regions = REGIONS if higher else REGIONS[::-1]
+    shaded = "".join(
+        f'<rect x="{x(left)}" y="3" width="{x(right) - x(left)}" height="{height - 6}" fill="{REGION_COLOURS[r]}"/>'
+        for left, right, r in zip(edges, edges[1:], regions)
+    )
+    mid = height / 2
+    marks = (
+        f'<line x1="{x(lo)}" x2="{x(hi)}" y1="{mid}" y2="{mid}" stroke="#222" stroke-width="2"/>'
+        f'<circle cx="{x(value)}" cy="{mid}" r="3.5" fill="#222"/>'
+    )
+    title = f"{value:.2f} [{lo:.2f}, {hi:.2f}]; partly from {part:g}, reproduces from {full:g}"
+    return (
+        f'<svg class="strip" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">'
+        f"<title>{html.escape(title)}</title>{shaded}{marks}</svg>"
+    )
+
+# %% ../../../nbs/06f_report.ipynb #c40e5372
+def _thresholds(claims: pd.DataFrame) -> dict:
+    "Claim statement -> (part, full, higher), from the claims file the table was computed with."
+    return {c.statement: (c.part, c.full, c.higher) for c in load_claims(claims.attrs.get("claims_file"))}
+
+
+def verdicts_html(claims: pd.DataFrame) -> Html:
+    "The verdicts section of a claims table (`dwg.science.verdicts.claims.claims_table`): pooled rows drawn, all below."
+    limits = _thresholds(claims)
+    pooled = claims[claims["prompts"] == "all"]
+    rows = []
+    for r in pooled.to_dict("records"):
+        number = r["verdict's number"]
+        part, full, higher = limits.get(r["claim"], (None, None, True))
+        drawing = interval_svg(*parse_interval(number), part, full, higher)
+        cells = [r["claim"], r["form"], number, Html(drawing), r["verdict"]]
+        rows.append("<tr>" + "".join(f"<td>{c if isinstance(c, Html) else html.escape(str(c))}</td>" for c in cells))
+    head = "".join(
+        f"<th>{h}</th>" for h in ["claim", "form", "ours (the verdict's number)", "against the thresholds", "verdict"]
+    )
+    legend = "".join(f'<span style="background:{c}"></span>{r}' for r, c in REGION_COLOURS.items())
+    return Html(
+        f'<p class="legend">{legend}; the bar is the 95% interval, the dot the number.</p>'
+        f'<div class="wide"><table class="data"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        f"<details><summary>Every prompt kind, with seeds and facts ({len(claims)} rows)</summary>"
+        f"{table_html(claims)}</details>"
+    )
 
 # %% ../../../nbs/06f_report.ipynb #0ee248b5
 SYNTHETIC_PREFIX = "SYNTHETIC DATA (not a run) — "

@@ -206,7 +206,10 @@ def report_html(sections, figures: dict, provenance: dict, title: str = "dwg fig
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>\n<body>"
     )
-    top = f'<h1>{html.escape(title)}</h1><nav id="contents"><ol class="contents">{contents}</ol></nav>'
+    top = (
+        f"<h1>{html.escape(title)}</h1>"
+        f'<nav id="contents"><details><summary>Contents</summary><ol class="contents">{contents}</ol></details></nav>'
+    )
     last = f'<section id="provenance"><h2>Provenance</h2>{provenance_html(provenance)}</section>'
     return "\n".join([head, top, *(b for b, _ in blocks), last, "</body></html>\n"])
 

@@ -269,7 +269,8 @@ def verdicts_html(claims: pd.DataFrame) -> Html:
     for r in pooled.to_dict("records"):
         number = r["verdict's number"]
         part, full, higher = limits.get(r["claim"], (None, None, True))
-        drawing = interval_svg(*parse_interval(number), part, full, higher)
+        decided = not str(r["verdict"]).startswith(("n/a", "none"))  # no verdict: nothing to draw against
+        drawing = interval_svg(*parse_interval(number), part, full, higher) if decided else ""
         cells = [r["claim"], r["form"], number, Html(drawing), r["verdict"]]
         rows.append("<tr>" + "".join(f"<td>{c if isinstance(c, Html) else html.escape(str(c))}</td>" for c in cells))
     head = "".join(

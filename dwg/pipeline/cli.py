@@ -24,7 +24,7 @@ from .status import format_status
 from .local import fmt_seconds, run_local, stage_summary, start_forkserver
 from .slurm import SlurmError, require_sbatch, slurm_status, submit_slurm, wait_slurm
 from .results import add_results_parsers, cmd_check, cmd_results
-from ..science.facts.embedded import EMBEDDED_MODELS, check_terms, embedded_checkpoint
+from ..science.facts.embedded import EMBEDDED_MODELS, check_terms, needs_terms
 from ..science.pictures.pages import PageError
 from ..science.verdicts.snapshot import SnapshotError
 
@@ -231,7 +231,7 @@ def check_model_terms(models, accept: bool = False) -> None:
     this process and its runs) or already were; else a `SweepError` saying where to read them and how to accept."""
     for name in models:
         spec = EMBEDDED_MODELS.get(name)
-        if spec is None or spec.terms is None or (embedded_checkpoint(name) / "config.json").exists():
+        if spec is None or not needs_terms(spec):
             continue
         if accept:
             os.environ[spec.terms.env] = "1"  # the runs, child processes, inherit it

@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'GEMMA_TERMS', 'EMBEDDED_MODELS', 'EMBEDDED', 'SOURCE_FILE', 'Terms', 'EmbeddedModel', 'embedded_model',
-           'dwg_home', 'embedded_checkpoint', 'download_wheels', 'assemble_gguf', 'check_terms', 'embedded_gguf',
-           'source_record', 'prepare_embedded', 'checkpoint_source']
+           'dwg_home', 'embedded_checkpoint', 'download_wheels', 'assemble_gguf', 'check_terms', 'needs_terms',
+           'embedded_gguf', 'source_record', 'prepare_embedded', 'checkpoint_source']
 
 # %% ../../../nbs/00a_embedded.ipynb #035356d7
 @dataclass(frozen=True)
@@ -198,16 +198,28 @@ def _installed_gguf(spec: EmbeddedModel) -> Path | None:
     return path if path.exists() else None
 
 
+def _local_gguf(spec: EmbeddedModel) -> Path | None:
+    "The GGUF file of `spec` already on this machine: in an installed package, or in `DWG_HOME/downloads`."
+    target = dwg_home() / "downloads" / spec.gguf
+    return _installed_gguf(spec) or (target if target.exists() else None)
+
+
+def needs_terms(spec: EmbeddedModel) -> bool:
+    """Whether using `spec` still needs its terms accepted: it has terms and nothing of it is on this machine yet
+    (neither its prepared checkpoint nor its GGUF, whose download took the acceptance)."""
+    prepared = (dwg_home() / "models" / spec.name / "config.json").exists()
+    return spec.terms is not None and not prepared and _local_gguf(spec) is None
+
+
 def embedded_gguf(name: str = EMBEDDED) -> Path:
     "Path of embedded model `name`'s GGUF file, fetched, assembled and checked into `DWG_HOME/downloads` if needed."
     spec = embedded_model(name)
-    found = _installed_gguf(spec)
+    found = _local_gguf(spec)
     if found:
         return found
     target = dwg_home() / "downloads" / spec.gguf
-    if target.exists():
-        return target
-    check_terms(spec)
+    if needs_terms(spec):
+        check_terms(spec)
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info(f"fetching {spec.name}: {len(spec.wheels)} wheel(s) without dependencies")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

@@ -76,7 +76,6 @@ CLAIM_HEADERS = {
     "facts": "facts",
     "seeds": "seeds",
     "measure": "measure",
-    "paper": "the paper",
 }
 
 
@@ -108,13 +107,21 @@ def render_table(snap: pd.DataFrame, args: dict) -> str:
     return markdown_table(pd.DataFrame(out, columns=[first, *measures]))
 
 # %% ../../../nbs/06m_pages.ipynb #2d09dcdf
+def _commit_text(commit: str) -> str:
+    "`abc1234 (runs: def5678)` as markdown: `` `abc1234` (the runs it read: `def5678`) ``."
+    own, _, runs = commit.partition(" (runs: ")
+    return f"`{own}`" + (
+        f" (the runs it read: {', '.join(f'`{c}`' for c in runs.rstrip(')').split(', '))})" if runs else ""
+    )
+
+
 def render_provenance(snap: pd.DataFrame, args: dict) -> str:
     "Where a cell's numbers came from: date, commit, machine kind, precision, seeds, the claims file's sha256."
     rows = cell_rows(snap, args, "claims")
     r = rows.iloc[0]
     seeds = int(rows["seeds"].max())
     return (
-        f"Measured {r['date']} at commit `{r['commit']}`, {r['machine']}, {r['precision']}, "
+        f"Measured {r['date']} at commit {_commit_text(r['commit'])}, {r['machine']}, {r['precision']}, "
         f"{seeds} training seed{'s' if seeds > 1 else ''}; the claims file's sha256 `{r['claims_sha256']}...`"
     )
 

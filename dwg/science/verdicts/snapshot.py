@@ -42,26 +42,44 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _training_precision(fig_record: dict) -> str:
-    "The precisions the figures run's models were fine-tuned in (`bf16`, `fp32`), from their training summaries."
-    found = set()
+def _inputs(fig_record: dict) -> tuple[list[dict], list[Path]]:
+    "The run records of the grafting runs a figures run read, and the directories of the fine-tuned models they used."
+    records, models = [], []
     for run in fig_record.get("runs", []):
-        models = _read_json(Path(run) / "run.json")["config"].get("models", {})
-        for path in models.values():
-            summary = Path(path) / "train_summary.json"
-            if summary.exists():
-                found.add(json.loads(summary.read_text()).get("precision") or "fp32")
+        rec = _read_json(Path(run) / "run.json")
+        records.append(rec)
+        models += [Path(p) for p in rec["config"].get("models", {}).values() if (Path(p) / "run.json").exists()]
+    return records, list(dict.fromkeys(models))
+
+
+def _short_commit(rec: dict) -> str:
+    "A run record's commit, 7 characters, `-dirty` when the tree had uncommitted changes."
+    return (rec.get("git_commit") or "unknown")[:7] + ("-dirty" if rec.get("git_dirty") else "")
+
+
+def _commits(fig_record: dict, grafting: list[dict], models: list[Path]) -> str:
+    "The figures run's commit, and the other commits its grafting runs and models were made at: `abc1234 (runs: ...)`."
+    own = _short_commit(fig_record)
+    others = {_short_commit(r) for r in grafting} | {_short_commit(_read_json(m / "run.json")) for m in models}
+    others.discard(own)
+    return own + (f" (runs: {', '.join(sorted(others))})" if others else "")
+
+
+def _training_precision(models: list[Path]) -> str:
+    "The precisions the models were fine-tuned in (`bf16`, `fp32`), from their training summaries."
+    found = {_read_json(m / "train_summary.json").get("precision") or "fp32" for m in models}
     return "/".join(sorted(found)) or "none"
 
 
 def figures_provenance(fig_dir) -> dict:
-    "A finished figures run's provenance: commit, date, machine kind, precision, claims file's sha256."
+    """A finished figures run's provenance: its commit (and those of the runs it read, where they differ), date,
+    machine kind, the models' training precision, the claims file's sha256."""
     rec = _read_json(Path(fig_dir) / "run.json")
-    commit = (rec.get("git_commit") or "unknown")[:7] + ("-dirty" if rec.get("git_dirty") else "")
+    grafting, models = _inputs(rec)
     date = str(rec["started"])[:10]  # the run record's `started`: `2026-11-28T22:14:12`
-    precision = f"{_training_precision(rec)} training, fp32 inference"
+    precision = f"{_training_precision(models)} training, fp32 inference"
     return dict(
-        commit=commit,
+        commit=_commits(rec, grafting, models),
         date=date,
         machine=machine_kind(rec.get("machine", {})),
         precision=precision,
@@ -71,7 +89,7 @@ def figures_provenance(fig_dir) -> dict:
 # %% ../../../nbs/06l_snapshot.ipynb #7cd8d177
 SNAPSHOT_COLUMNS = [
     *("table", "profile", "model", "regime", "name", "form", "prompts", "measure"),
-    *("value", "low", "high", "text", "verdict", "reads", "raw", "chance_corrected", "paper", "thresholds_set"),
+    *("value", "low", "high", "text", "verdict", "reads", "raw", "chance_corrected", "thresholds_set"),
     *("facts", "seeds", "plans_digest", "commit", "date", "machine", "precision", "claims_sha256"),
 ]
 PLAN_TABLES = ("positions.csv", "forms.csv", "components.csv")  # a figures run's pooled tables, one row per plan
@@ -102,7 +120,6 @@ def claims_rows(claims: pd.DataFrame, claims_file=None) -> pd.DataFrame:
             reads=claims["verdict reads"],
             raw=claims["ours"],
             chance_corrected=claims["chance-corrected"].fillna(""),
-            paper=claims["paper"].fillna(""),
             thresholds_set=claims["set"].str.split(";").str[0],
             facts=claims["facts"],
             seeds=claims["seeds"],
@@ -111,10 +128,10 @@ def claims_rows(claims: pd.DataFrame, claims_file=None) -> pd.DataFrame:
     )
 
 # %% ../../../nbs/06l_snapshot.ipynb #c0cd098b
-def plans_rows(fig_dir) -> pd.DataFrame:
-    "A figures run's pooled plan tables and chance table as snapshot rows (table `plans`), each plan once."
+def plans_rows(fig_dir, tables=PLAN_TABLES) -> pd.DataFrame:
+    "A figures run's pooled plan tables (`tables`) and chance table as snapshot rows (table `plans`), each plan once."
     fig_dir, rows, seen = Path(fig_dir), [], set()
-    for name in PLAN_TABLES:
+    for name in tables:
         if not (fig_dir / name).exists():
             continue
         for r in pd.read_csv(fig_dir / name).to_dict("records"):
@@ -137,6 +154,8 @@ def plans_rows(fig_dir) -> pd.DataFrame:
                     )
     if (fig_dir / "chance.csv").exists():
         for r in pd.read_csv(fig_dir / "chance.csv").to_dict("records"):
+            if r["plan"] not in seen:
+                continue
             rows.append(
                 dict(
                     name=r["plan"],
@@ -199,14 +218,16 @@ def _plan_digest(name: str) -> str:
     return "" if name in ("PRE", "SFT", "TASK", "RELATION") else plans_digest([name])
 
 # %% ../../../nbs/06l_snapshot.ipynb #7a489b48
-def figures_snapshot(fig_dir, claims_file=None) -> pd.DataFrame:
-    "One finished figures run as snapshot rows: its claims and plans, its cell (profile, model, regime), provenance."
+def figures_snapshot(fig_dir, claims_file=None, full: bool = True) -> pd.DataFrame:
+    """One finished figures run as snapshot rows: its claims and plans, its cell (profile, model, regime), provenance;
+    not `full`: of the plans only the position plans (`positions.csv`, `forms.csv`), and no other tables."""
     fig_dir = Path(fig_dir)
     label = _read_json(fig_dir / "sweep_run.json")["label"]  # `embedded`, `gemma3:main`, `regime:untied`
     profile, _, regime = label.partition(":")
     claims = pd.read_csv(fig_dir / "claims.csv")
     model = pd.read_csv(fig_dir / "accuracy.csv", usecols=["model"])["model"].iloc[0]
-    parts = [claims_rows(claims, claims_file), plans_rows(fig_dir), keyed_rows(fig_dir)]
+    plans = plans_rows(fig_dir) if full else plans_rows(fig_dir, ("positions.csv", "forms.csv"))
+    parts = [claims_rows(claims, claims_file), plans, *([keyed_rows(fig_dir)] if full else [])]
     rows = pd.concat([p for p in parts if len(p)], ignore_index=True)
     rows = rows.assign(profile=profile, model=model, regime=regime or "main", **figures_provenance(fig_dir))
     return rows.reindex(columns=SNAPSHOT_COLUMNS)
@@ -233,7 +254,8 @@ def runs_snapshot(runs_dir, claims_file=None) -> pd.DataFrame:
             f"Figures run(s) not finished: {', '.join(missing)}. Fix: run the sweep to the end "
             f"(./run_all.sh --profile {graph['sweep']} --runs {runs_dir}; ./run_all.sh status shows what is left)."
         )
-    return pd.concat([figures_snapshot(d, claims_file) for d in figures], ignore_index=True)
+    full = len(figures) == 1
+    return pd.concat([figures_snapshot(d, claims_file, full) for d in figures], ignore_index=True)
 
 # %% ../../../nbs/06l_snapshot.ipynb #74cc74da
 def write_snapshot(snapshot: pd.DataFrame, path) -> Path:

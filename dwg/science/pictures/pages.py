@@ -195,6 +195,13 @@ def fill_page(text: str, snaps, where: str = "page") -> str:
 
     def fill(m: re.Match) -> str:
         args = marker_args(m["args"])
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if m["kind"] not in BLOCKS and not text[line_start : m.start()].strip():
+            line = text.count("\n", 0, m.start()) + 1
+            raise PageError(
+                f"{where}, line {line}: dwg:{m['kind']} starts its line, which makes markdown show it as a block of "
+                "its own. Fix: put it after the text before it, on the same line."
+            )
         try:
             body = _render(m["kind"], args, snaps)
         except PageError as e:

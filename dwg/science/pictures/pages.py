@@ -144,17 +144,20 @@ def render_value(snap: pd.DataFrame, args: dict) -> str:
     return f"{r['value']:.2f}" if show == "value" else str(r[show])
 
 # %% ../../../nbs/06m_pages.ipynb #0463b55e
-def render_cross(snaps: dict, args: dict) -> str:
-    """The cross-model table (`cross_model_table`) of the cells cells= lists, `snapshot:model:regime` each, prompts
-    pooled; forms= keeps some forms."""
+def render_cross(snaps, args: dict) -> str:
+    """The cross-model table (`cross_model_table`) of the cells cells= lists, each `snapshot:model:regime`, optionally
+    `=label` (default `model · regime`; the number of training seeds is added where there are several), prompts pooled;
+    forms= keeps some forms."""
     cells = {}
     for spec in args.get("cells", "").split("|"):
-        name, model, regime = (spec.split(":") + ["", ""])[:3]
+        where, _, label = spec.partition("=")
+        name, model, regime = (where.split(":") + ["", ""])[:3]
         rows = cell_rows(snaps(name), dict(model=model, regime=regime or "main"), "claims")
         rows = rows[rows["prompts"] == "all"]
-        cells[f"{model} · {regime or 'main'}"] = rows.rename(columns={"name": "claim", "text": "number"})[
-            ["claim", "form", "number", "verdict"]
-        ].reset_index(drop=True)
+        seeds = int(rows["seeds"].max())
+        label = (label or f"{model} · {regime or 'main'}") + (f" ({seeds} seeds)" if seeds > 1 else "")
+        cell = rows.rename(columns={"name": "claim", "text": "number"})[["claim", "form", "number", "verdict"]]
+        cells[label] = cell.reset_index(drop=True)
     table = cross_model_table(cells)
     if "forms" in args:
         table = table[table["form"].isin(args["forms"].split("|"))]

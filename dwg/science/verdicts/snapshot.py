@@ -129,12 +129,16 @@ def claims_rows(claims: pd.DataFrame, claims_file=None) -> pd.DataFrame:
 
 # %% ../../../nbs/06l_snapshot.ipynb #c0cd098b
 def plans_rows(fig_dir, tables=PLAN_TABLES) -> pd.DataFrame:
-    "A figures run's pooled plan tables (`tables`) and chance table as snapshot rows (table `plans`), each plan once."
+    """A figures run's pooled plan tables (`tables`) and chance table as snapshot rows (table `plans`), each plan once;
+    a table with one row per grafting run (several training seeds) is left out."""
     fig_dir, rows, seen = Path(fig_dir), [], set()
     for name in tables:
         if not (fig_dir / name).exists():
             continue
-        for r in pd.read_csv(fig_dir / name).to_dict("records"):
+        table = pd.read_csv(fig_dir / name)
+        if "run_id" in table and table["run_id"].nunique() > 1:
+            continue  # one row per grafting run (training seed), not pooled: the claims pool the seeds
+        for r in table.to_dict("records"):
             if r["plan"] in seen:
                 continue
             seen.add(r["plan"])
@@ -166,6 +170,8 @@ def plans_rows(fig_dir, tables=PLAN_TABLES) -> pd.DataFrame:
                     seeds=r["seeds"],
                 )
             )
+    if not rows:
+        return pd.DataFrame(columns=["table", "name", "measure"])
     return pd.DataFrame(rows).assign(table="plans", prompts="all", plans_digest=lambda d: d["name"].map(_plan_digest))
 
 

@@ -9,7 +9,7 @@ import math
 import re
 from pathlib import Path
 import pandas as pd
-from ...records.files import atomic_write
+from ...records.files import atomic_write, read_json
 from ..scoring.plans import plans_digest
 from ..scoring.tables import markdown_table
 from .claims_file import load_claims
@@ -36,10 +36,10 @@ def machine_kind(machine: dict) -> str:
 
 # %% ../../../nbs/06l_snapshot.ipynb #452bddfb
 def _read_json(path: Path) -> dict:
-    "A run's JSON file, or a clear error naming it."
+    "A run's JSON file (`read_json`), or a clear error when it is missing: the run is not finished."
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the run is not finished. Fix: run the sweep to the end first.")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def _inputs(fig_record: dict) -> tuple[list[dict], list[Path]]:
@@ -172,7 +172,9 @@ def plans_rows(fig_dir, tables=PLAN_TABLES) -> pd.DataFrame:
             )
     if not rows:
         return pd.DataFrame(columns=["table", "name", "measure"])
-    return pd.DataFrame(rows).assign(table="plans", prompts="all", plans_digest=lambda d: d["name"].map(_plan_digest))
+    return pd.DataFrame(rows).assign(
+        table="plans", prompts="all", plans_digest=lambda d: d["name"].map(lambda n: plans_digest([n]))
+    )
 
 
 KEYED_TABLES = {  # a figures run's other tables the pages quote: table -> the columns that name a row
@@ -217,11 +219,6 @@ def keyed_rows(fig_dir) -> pd.DataFrame:
                     )
                 )
     return pd.DataFrame(rows).assign(prompts="all")
-
-
-def _plan_digest(name: str) -> str:
-    "The digest of one plan's definition, blank for a model of the sweep (PRE, SFT, TASK, RELATION)."
-    return "" if name in ("PRE", "SFT", "TASK", "RELATION") else plans_digest([name])
 
 # %% ../../../nbs/06l_snapshot.ipynb #7a489b48
 def figures_snapshot(fig_dir, claims_file=None, full: bool = True) -> pd.DataFrame:

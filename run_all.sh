@@ -13,7 +13,7 @@ Commands:
   (none) | run   set up, then run the main job: the embedded-default reproduction (SmolLM2-135M, CPU)
   status         done / corrupt / running / failed / pending runs per stage of every sweep under runs/ (or of one:
                  --runs DIR or --profile NAME), the done runs' summed run time, the executed notebook of each failed run
-  results        write a profile's snapshot (docs/snapshots/<profile>.csv) from its runs (--profile P, default
+  results        write a profile's snapshot (docs/snapshots/<profile>/, a CSV per cell) from its runs (--profile P, default
                  embedded; --runs DIR, default runs/<profile>), then regenerate the generated parts of README.md and
                  docs/results.md from the committed snapshots; --check: write nothing, exit 1 where a page differs
   check          compare the verdicts of the runs in --runs DIR with the committed snapshot of their profile (or

@@ -44,8 +44,8 @@ def test_a_number_typed_over_a_generated_one_fails(tmp_path):
 
 
 def test_snapshots_are_small():
-    "Each committed snapshot under 200 KB, each committed figure under 300 KB."
-    for path in (ROOT / "docs/snapshots").glob("*.csv"):
+    "Each committed snapshot file (one per cell) under 200 KB, each committed figure under 300 KB."
+    for path in (ROOT / "docs/snapshots").rglob("*.csv"):
         assert path.stat().st_size < 200_000, path
     for path in (ROOT / "nbs/images").glob("*.png"):
         assert path.stat().st_size < 300_000, path

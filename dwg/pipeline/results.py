@@ -67,9 +67,15 @@ def cmd_results(args, root=".") -> int:
     root = Path(root)
     if not args.check:
         runs = Path(args.runs or root / "runs" / args.profile)
+        if (found := _profile_of(runs)) != args.profile:
+            raise SnapshotError(
+                f"{runs} holds a run of the profile {found} (its sweep.json), not {args.profile}. Fix: "
+                f"./run_all.sh results --profile {found} --runs {runs}, or rerun {args.profile} there first."
+            )
         snap = runs_snapshot(runs)
-        path = write_snapshot(snap, root / SNAPSHOTS / f"{args.profile}.csv")
-        logger.info(f"snapshot of {runs}: {len(snap)} rows -> {path} ({path.stat().st_size / 1e3:.0f} KB)")
+        paths = write_snapshot(snap, root / SNAPSHOTS / args.profile)
+        sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e3:.0f} KB" for p in paths)
+        logger.info(f"snapshot of {runs}: {len(snap)} rows -> {root / SNAPSHOTS / args.profile}: {sizes}")
         if copied := copy_figures(runs, PAGES, root):
             logger.info(f"figures copied from {runs}: {', '.join(copied)}")
     filled = fill_pages(PAGES, SNAPSHOTS, root)
@@ -100,7 +106,7 @@ def cmd_check(args, root=".") -> int:
     if args.against:
         where_b, b = str(args.against), runs_snapshot(args.against)
     else:
-        where_b = str(Path(SNAPSHOTS) / f"{args.profile or _profile_of(runs)}.csv")
+        where_b = str(Path(SNAPSHOTS) / (args.profile or _profile_of(runs)))
         b = read_snapshot(Path(root) / where_b)
     comparison = compare_snapshots(a, b)
     text = format_check(comparison, (str(runs), a), (where_b, b))

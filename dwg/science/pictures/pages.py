@@ -15,9 +15,10 @@ from ..verdicts.cross_model import cross_model_table
 from ..verdicts.snapshot import read_snapshot
 
 # %% auto #0
-__all__ = ['MARKER', 'CLAIM_HEADERS', 'RENDERERS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError', 'marker_args', 'cell_rows',
-           'render_claims', 'render_table', 'render_provenance', 'render_value', 'render_cross', 'snapshot_loader',
-           'fill_page', 'fill_pages', 'page_differences', 'write_pages']
+__all__ = ['MARKER', 'CLAIM_HEADERS', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError', 'marker_args',
+           'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance', 'render_value',
+           'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages', 'page_differences',
+           'write_pages']
 
 # %% ../../../nbs/06m_pages.ipynb #a01409ea
 MARKER = re.compile(r"<!-- dwg:(?P<kind>[a-z]+)(?P<args>[^\n]*?) -->(?P<body>.*?)<!-- /dwg:(?P=kind) -->", re.S)
@@ -93,11 +94,17 @@ def render_claims(snap: pd.DataFrame, args: dict) -> str:
     return markdown_table(picked[columns].rename(columns=CLAIM_HEADERS))
 
 # %% ../../../nbs/06m_pages.ipynb #e90220ba
+def seed_rows(rows: pd.DataFrame, args: dict) -> pd.DataFrame:
+    "The rows of training seed seed= (a cell pooling several seeds keeps its position plans per seed), else the pooled."
+    return rows[rows["seed"].fillna("").astype(str) == args.get("seed", "")]
+
+
 def render_table(snap: pd.DataFrame, args: dict) -> str:
     """A table of the snapshot's table table= (default `plans`): one row per name (names=), one column per measure
-    (measures=; blank where a row has none); header= heads the first column (default `plan`)."""
+    (measures=; blank where a row has none); header= heads the first column (default `plan`); seed= one training
+    seed's rows."""
     table = args.get("table", "plans")
-    rows = cell_rows(snap, args, table)
+    rows = seed_rows(cell_rows(snap, args, table), args)
     default = "top-1|top-5|chance (top-5)|exact match" if table == "plans" else "|".join(dict.fromkeys(rows["measure"]))
     measures = args.get("measures", default).split("|")
     names = _names(args, rows, "row")
@@ -128,15 +135,19 @@ def render_provenance(snap: pd.DataFrame, args: dict) -> str:
 # %% ../../../nbs/06m_pages.ipynb #ec8afdac
 def render_value(snap: pd.DataFrame, args: dict) -> str:
     """One number: a claim's (name=, form= default `default`, prompts= default `all`) or a plan's (table=plans, name=,
-    measure=); show=text (default: as the tables print it), value (the number alone) or verdict."""
+    measure=, seed= for one training seed's); show=text (default: as the tables print it), value (the number alone) or
+    verdict."""
     table = args.get("table", "claims")
-    rows = cell_rows(snap, args, table)
+    rows = seed_rows(cell_rows(snap, args, table), args)
     keys = dict(name=args.get("name"), prompts=args.get("prompts", "all"))
     keys.update(dict(form=args.get("form", "default")) if table == "claims" else dict(measure=args.get("measure")))
     for key, want in keys.items():
         rows = rows[rows[key] == want]
     if len(rows) != 1:
-        raise PageError(f"{len(rows)} {table} rows match {keys}. Fix: name one row (name=, form=/measure=, prompts=).")
+        raise PageError(
+            f"{len(rows)} {table} rows match {keys}. Fix: name one row (name=, form=/measure=, prompts=; "
+            "seed= where the cell keeps a plan per training seed)."
+        )
     show = args.get("show", "text")
     if show not in ("text", "value", "verdict"):
         raise PageError(f"show={show} unknown. Fix: show=text, value or verdict.")
@@ -144,10 +155,9 @@ def render_value(snap: pd.DataFrame, args: dict) -> str:
     return f"{r['value']:.2f}" if show == "value" else str(r[show])
 
 # %% ../../../nbs/06m_pages.ipynb #0463b55e
-def render_cross(snaps, args: dict) -> str:
-    """The cross-model table (`cross_model_table`) of the cells cells= lists, each `snapshot:model:regime`, optionally
-    `=label` (default `model · regime`; the number of training seeds is added where there are several), prompts pooled;
-    forms= keeps some forms."""
+def _cells(snaps, args: dict) -> dict[str, pd.DataFrame]:
+    """The claims (prompts pooled) of the cells cells= lists, each `snapshot:model:regime`, optionally `=label` (default
+    `model · regime`; the number of training seeds is added where there are several), by label."""
     cells = {}
     for spec in args.get("cells", "").split("|"):
         where, _, label = spec.partition("=")
@@ -158,25 +168,42 @@ def render_cross(snaps, args: dict) -> str:
         label = (label or f"{model} · {regime or 'main'}") + (f" ({seeds} seeds)" if seeds > 1 else "")
         cell = rows.rename(columns={"name": "claim", "text": "number"})[["claim", "form", "number", "verdict"]]
         cells[label] = cell.reset_index(drop=True)
-    table = cross_model_table(cells)
+    return cells
+
+
+def render_cross(snaps, args: dict) -> str:
+    "The cross-model table (`cross_model_table`) of the cells cells= lists (`_cells`); forms= keeps some forms."
+    table = cross_model_table(_cells(snaps, args))
     if "forms" in args:
         table = table[table["form"].isin(args["forms"].split("|"))]
     return markdown_table(table)
 
+
+def render_agreement(snaps, args: dict) -> str:
+    "How many claim-and-form verdicts the cells cells= lists (`_cells`) share: `27 of 32` (the claims every cell has)."
+    cells = list(_cells(snaps, args).values())
+    if len(cells) < 2:
+        raise PageError('agreement needs two cells or more. Fix: cells="snap:model:regime|snap:model:regime".')
+    keyed = [c.set_index(["claim", "form"])["verdict"] for c in cells]
+    common = pd.concat(keyed, axis=1, join="inner")
+    same = int((common.nunique(axis=1) == 1).sum())
+    return f"{same} of {len(common)}"
+
 # %% ../../../nbs/06m_pages.ipynb #63436cc5
 RENDERERS = dict(claims=render_claims, table=render_table, provenance=render_provenance, value=render_value)
+ACROSS = dict(cross=render_cross, agreement=render_agreement)  # kinds that read several snapshots (cells=)
 BLOCKS = ("claims", "table", "cross")  # kinds rendered as a table on their own lines
 
 
 def snapshot_loader(snapshot_dir):
-    "name -> snapshot DataFrame, read once from `snapshot_dir/<name>.csv`."
+    "name -> snapshot DataFrame, read once from `snapshot_dir/<name>/`."
     cache = {}
 
     def load(name: str) -> pd.DataFrame:
         if not name:
-            raise PageError("a marker without snapshot=. Fix: add snapshot=<profile> (docs/snapshots/<profile>.csv).")
+            raise PageError("a marker without snapshot=. Fix: add snapshot=<profile> (docs/snapshots/<profile>/).")
         if name not in cache:
-            cache[name] = read_snapshot(Path(snapshot_dir) / f"{name}.csv")
+            cache[name] = read_snapshot(Path(snapshot_dir) / name)
         return cache[name]
 
     return load
@@ -184,12 +211,12 @@ def snapshot_loader(snapshot_dir):
 
 def _render(kind: str, args: dict, snaps) -> str:
     "One marker's new body."
-    if kind == "cross":
-        out = render_cross(snaps, args)
+    if kind in ACROSS:
+        out = ACROSS[kind](snaps, args)
     elif kind in RENDERERS:
         out = RENDERERS[kind](snaps(args.get("snapshot", "")), args)
     else:
-        raise PageError(f"unknown marker dwg:{kind}. Fix: use one of {', '.join([*RENDERERS, 'cross'])}.")
+        raise PageError(f"unknown marker dwg:{kind}. Fix: use one of {', '.join([*RENDERERS, *ACROSS])}.")
     return f"\n\n{out.rstrip()}\n\n" if kind in BLOCKS else out
 
 

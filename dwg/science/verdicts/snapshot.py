@@ -15,9 +15,10 @@ from ..scoring.tables import markdown_table
 from .claims_file import load_claims
 
 # %% auto #0
-__all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'CLAIM_KEY', 'parse_interval', 'machine_kind',
-           'figures_provenance', 'claims_rows', 'plans_rows', 'keyed_rows', 'figures_snapshot', 'SnapshotError',
-           'runs_snapshot', 'write_snapshot', 'read_snapshot', 'compare_snapshots', 'check_exit', 'format_check']
+__all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'SEED_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'CLAIM_KEY', 'parse_interval',
+           'machine_kind', 'figures_provenance', 'claims_rows', 'plans_rows', 'keyed_rows', 'figures_snapshot',
+           'SnapshotError', 'runs_snapshot', 'cell_file', 'write_snapshot', 'read_snapshot', 'compare_snapshots',
+           'check_exit', 'format_check']
 
 # %% ../../../nbs/06l_snapshot.ipynb #7ac17cee
 _INTERVAL = re.compile(r"^\s*(-?\d+(?:\.\d+)?) \[(-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\]")
@@ -90,9 +91,10 @@ def figures_provenance(fig_dir) -> dict:
 SNAPSHOT_COLUMNS = [
     *("table", "profile", "model", "regime", "name", "form", "prompts", "measure"),
     *("value", "low", "high", "text", "verdict", "reads", "raw", "chance_corrected", "thresholds_set"),
-    *("facts", "seeds", "plans_digest", "commit", "date", "machine", "precision", "claims_sha256"),
+    *("facts", "seeds", "seed", "plans_digest", "commit", "date", "machine", "precision", "claims_sha256"),
 ]
 PLAN_TABLES = ("positions.csv", "forms.csv", "components.csv")  # a figures run's pooled tables, one row per plan
+SEED_TABLES = ("positions.csv",)  # where a cell pools several training seeds: these plans once per seed (`seed`)
 PLAN_MEASURES = ("top-1", "top-5", "exact match", "recovery")
 
 
@@ -128,48 +130,51 @@ def claims_rows(claims: pd.DataFrame, claims_file=None) -> pd.DataFrame:
     )
 
 # %% ../../../nbs/06l_snapshot.ipynb #c0cd098b
+def _train_seed(fig_dir: Path, run_id: str) -> int:
+    "The training seed of the grafting run `run_id` (`graft_positions/abc123`), read from its sweep record."
+    return int(_read_json(fig_dir.parent.parent / run_id / "sweep_run.json")["params"]["train_seed"])
+
+
+def _plan_row(r: dict, measure: str, **extra) -> dict:
+    "One snapshot row of a plan table's row `r` and one of its measures."
+    v = parse_interval(r[measure])
+    return dict(
+        name=r["plan"], measure=measure, value=v[0], low=v[1], high=v[2], text=r[measure], facts=r["facts"], **extra
+    )
+
+
+def _measures(r: dict) -> list[str]:
+    "The `PLAN_MEASURES` a plan table's row has."
+    return [m for m in PLAN_MEASURES if isinstance(r.get(m), str)]
+
+
 def plans_rows(fig_dir, tables=PLAN_TABLES) -> pd.DataFrame:
-    """A figures run's pooled plan tables (`tables`) and chance table as snapshot rows (table `plans`), each plan once;
-    a table with one row per grafting run (several training seeds) is left out."""
+    """A figures run's plan tables (`tables`) and chance table as snapshot rows (table `plans`), each plan once; a
+    table with one row per grafting run (several training seeds) gives its rows per seed (`seed`) if it is one of
+    `SEED_TABLES`, else nothing (the claims pool the seeds)."""
     fig_dir, rows, seen = Path(fig_dir), [], set()
     for name in tables:
         if not (fig_dir / name).exists():
             continue
         table = pd.read_csv(fig_dir / name)
         if "run_id" in table and table["run_id"].nunique() > 1:
-            continue  # one row per grafting run (training seed), not pooled: the claims pool the seeds
+            if name in SEED_TABLES:
+                seeds = {i: _train_seed(fig_dir, i) for i in table["run_id"].unique()}
+                rows += [
+                    _plan_row(r, m, seeds=1, seed=str(seeds[r["run_id"]]))
+                    for r in table.to_dict("records")
+                    for m in _measures(r)
+                ]
+            continue
         for r in table.to_dict("records"):
-            if r["plan"] in seen:
-                continue
-            seen.add(r["plan"])
-            for measure in PLAN_MEASURES:
-                if isinstance(r.get(measure), str):
-                    v = parse_interval(r[measure])
-                    rows.append(
-                        dict(
-                            name=r["plan"],
-                            measure=measure,
-                            value=v[0],
-                            low=v[1],
-                            high=v[2],
-                            text=r[measure],
-                            facts=r["facts"],
-                        )
-                    )
+            if r["plan"] not in seen:
+                seen.add(r["plan"])
+                rows += [_plan_row(r, m) for m in _measures(r)]
     if (fig_dir / "chance.csv").exists():
         for r in pd.read_csv(fig_dir / "chance.csv").to_dict("records"):
-            if r["plan"] not in seen:
-                continue
-            rows.append(
-                dict(
-                    name=r["plan"],
-                    measure="chance (top-5)",
-                    value=r["chance"],
-                    text=f"{r['chance']:.2f}",
-                    facts=r["facts"],
-                    seeds=r["seeds"],
-                )
-            )
+            if r["plan"] in seen:
+                chance = dict(value=r["chance"], text=f"{r['chance']:.2f}", facts=r["facts"], seeds=r["seeds"])
+                rows.append(dict(name=r["plan"], measure="chance (top-5)", **chance))
     if not rows:
         return pd.DataFrame(columns=["table", "name", "measure"])
     return pd.DataFrame(rows).assign(
@@ -261,17 +266,33 @@ def runs_snapshot(runs_dir, claims_file=None) -> pd.DataFrame:
     return pd.concat([figures_snapshot(d, claims_file, full) for d in figures], ignore_index=True)
 
 # %% ../../../nbs/06l_snapshot.ipynb #74cc74da
-def write_snapshot(snapshot: pd.DataFrame, path) -> Path:
-    "Write a snapshot as CSV, atomically (numbers to 4 decimals: the tables print 2)."
-    return atomic_write(path, snapshot.to_csv(index=False, float_format="%.4g", lineterminator="\n"))
+def cell_file(model: str, regime: str) -> str:
+    "The file name of one cell's part of a profile's snapshot: `smollm2-135m.main.csv`."
+    return f"{model}.{regime}.csv"
 
 
-def read_snapshot(path) -> pd.DataFrame:
-    "A snapshot CSV, its text columns as text (blank, not NaN)."
-    path = Path(path)
-    if not path.exists():
-        raise SnapshotError(f"No snapshot at {path}. Fix: write it from finished runs (./run_all.sh results).")
-    df = pd.read_csv(path, dtype={"plans_digest": str, "claims_sha256": str, "commit": str})
+def write_snapshot(snapshot: pd.DataFrame, directory) -> list[Path]:
+    """Write a profile's snapshot into `directory`, one CSV per cell (model, regime), each atomically (numbers to 4
+    significant digits: the tables print 2); a cell file the snapshot no longer has is removed."""
+    directory = Path(directory)
+    written = [
+        atomic_write(
+            directory / cell_file(model, regime), rows.to_csv(index=False, float_format="%.4g", lineterminator="\n")
+        )
+        for (model, regime), rows in snapshot.groupby(["model", "regime"], sort=False)
+    ]
+    for stale in set(directory.glob("*.csv")) - set(written):
+        stale.unlink()
+    return written
+
+
+def read_snapshot(directory) -> pd.DataFrame:
+    "A profile's snapshot (every cell's CSV in `directory`), its text columns as text (blank, not NaN)."
+    files = sorted(Path(directory).glob("*.csv"))
+    if not files:
+        raise SnapshotError(f"No snapshot in {directory}. Fix: write it from finished runs (./run_all.sh results).")
+    text_columns = {c: str for c in ("plans_digest", "claims_sha256", "commit", "seed")}
+    df = pd.concat([pd.read_csv(f, dtype=text_columns) for f in files], ignore_index=True)
     numeric = {"value", "low", "high", "facts", "seeds"}
     text = [c for c in df.columns if c not in numeric]
     return df.assign(**{c: df[c].fillna("").astype(str) for c in text})

@@ -210,6 +210,9 @@ def test_untied_head_trains_apart_and_grafts_beside_untied_base_models(ds, tmp_p
     roles, _ = _load_roles(dict(pre="tiny-llama", sft=str(out)))
     assert not models.ties_head(roles["pre"]) and not models.ties_head(roles["sft"])
     assert torch.equal(roles["pre"](**ids).logits, tied(**ids).logits)
+    with pytest.raises(ValueError, match="untie it first"):  # the caller's own model is not changed behind its back
+        _load_roles(dict(pre=(tied, tok), sft=str(out)))
+    assert models.ties_head(tied)
     plain = T.train("tiny-llama", ds, tmp_path / "tied", overrides=dict(max_steps=1), **TINY)
     assert "untie_head" not in json.loads((plain / "run_config.json").read_text())["config"]  # older runs resume
     assert models.ties_head(models.load(plain)[0])

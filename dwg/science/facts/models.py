@@ -229,11 +229,18 @@ def untie_head(model):
     return model
 
 
-def match_heads(models: dict) -> dict:
-    "`models` (name -> model), each tied one untied when another one is untied: donor and recipient must match."
-    if any(ties_head(m) for m in models.values()) and not all(ties_head(m) for m in models.values()):
-        for name, m in models.items():
-            if ties_head(m):
-                logger.info(f"untied the head of {name} to match the untied model(s) it is grafted with")
-                untie_head(m)
+def match_heads(models: dict, given=()) -> dict:
+    """`models` (name -> model), each tied one untied when another one is untied: donor and recipient must match. The
+    models named in `given` are the caller's own objects: never changed, a clear error where one would have to be."""
+    tied = [name for name, m in models.items() if ties_head(m)]
+    if not tied or len(tied) == len(models):
+        return models
+    if theirs := [name for name in tied if name in given]:
+        raise ValueError(
+            f"{', '.join(theirs)}: a tied head grafted with an untied model ({', '.join(set(models) - set(tied))}). "
+            "Fix: untie it first (dwg.science.facts.models.untie_head(model)), or pass its name or path to be loaded."
+        )
+    for name in tied:
+        logger.info(f"untied the head of {name} to match the untied model(s) it is grafted with")
+        untie_head(models[name])
     return models

@@ -75,7 +75,8 @@ def _load_roles(models: dict, adapters: dict | None = None) -> tuple[dict, objec
             loaded[key] = load(key)
         out[role] = loaded[key][0]
         tok = tok or loaded[key][1]
-    match_heads(out)  # an untied fine-tune: its base models untied alike
+    match_heads(out, given={r for r, m in models.items() if isinstance(m, tuple)})  # an untied fine-tune: its base
+    # models untied alike (the caller's own in-memory models are never changed: an error says to untie them)
     for role, home in adapters.items():
         out[role] = as_donor(out[home], read_adapter(models[role]))  # built once
     return {r: out[r] for r in models}, tok

@@ -15,10 +15,10 @@ from ..verdicts.cross_model import cross_model_table
 from ..verdicts.snapshot import read_snapshot
 
 # %% auto #0
-__all__ = ['MARKER', 'CLAIM_HEADERS', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError', 'marker_args',
-           'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance', 'render_value',
-           'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages', 'page_differences',
-           'write_pages']
+__all__ = ['MARKER', 'CLAIM_HEADERS', 'DECIDED', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError',
+           'marker_args', 'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance',
+           'render_value', 'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages',
+           'page_differences', 'write_pages']
 
 # %% ../../../nbs/06m_pages.ipynb #a01409ea
 MARKER = re.compile(r"<!-- dwg:(?P<kind>[a-z]+)(?P<args>[^\n]*?) -->(?P<body>.*?)<!-- /dwg:(?P=kind) -->", re.S)
@@ -179,15 +179,33 @@ def render_cross(snaps, args: dict) -> str:
     return markdown_table(table)
 
 
+DECIDED = ("does not", "partly", "reproduces")
+
+
+def _claim_label(claim: str, form: str) -> str:
+    "A claim as the pages name it: `FE+LT nearly recovers SFT` (the default form) or `... (+head)` as it is named."
+    return claim if form == "default" or form in claim else f"{claim} ({form})"
+
+
 def render_agreement(snaps, args: dict) -> str:
-    "How many claim-and-form verdicts the cells cells= lists (`_cells`) share: `27 of 32` (the claims every cell has)."
+    """What the cells cells= lists (`_cells`) share, over the claims every cell has: show=count (default) `27 of 32`
+    verdicts the same; show=held the claims decided alike in every cell (`name: verdict; ...`); show=moved the claims
+    whose verdicts differ (`name: a -> b; ...`, in the cells' order)."""
     cells = list(_cells(snaps, args).values())
     if len(cells) < 2:
         raise PageError('agreement needs two cells or more. Fix: cells="snap:model:regime|snap:model:regime".')
-    keyed = [c.set_index(["claim", "form"])["verdict"] for c in cells]
-    common = pd.concat(keyed, axis=1, join="inner")
-    same = int((common.nunique(axis=1) == 1).sum())
-    return f"{same} of {len(common)}"
+    common = pd.concat([c.set_index(["claim", "form"])["verdict"] for c in cells], axis=1, join="inner")
+    same = common.nunique(axis=1) == 1
+    show = args.get("show", "count")
+    if show == "count":
+        return f"{int(same.sum())} of {len(common)}"
+    if show == "held":
+        held = common[same & common.iloc[:, 0].isin(DECIDED)]
+        return "; ".join(f"{_claim_label(*key)}: {row.iloc[0]}" for key, row in held.iterrows()) or "none"
+    if show == "moved":
+        moved = common[~same]
+        return "; ".join(f"{_claim_label(*key)}: {' -> '.join(row)}" for key, row in moved.iterrows()) or "none"
+    raise PageError(f"show={show} unknown. Fix: show=count, held or moved.")
 
 # %% ../../../nbs/06m_pages.ipynb #63436cc5
 RENDERERS = dict(claims=render_claims, table=render_table, provenance=render_provenance, value=render_value)

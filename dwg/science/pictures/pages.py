@@ -183,8 +183,8 @@ DECIDED = ("does not", "partly", "reproduces")
 
 
 def _claim_label(claim: str, form: str) -> str:
-    "A claim as the pages name it: `FE+LT nearly recovers SFT` (the default form) or `... (+head)` as it is named."
-    return claim if form == "default" or form in claim else f"{claim} ({form})"
+    'A claim quoted as the pages name it: `"FE+LT nearly recovers SFT"`, with its form where not the default.'
+    return f'"{claim}"' if form == "default" or form in claim else f'"{claim}" ({form})'
 
 
 def render_agreement(snaps, args: dict) -> str:

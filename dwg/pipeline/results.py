@@ -67,12 +67,12 @@ def cmd_results(args, root=".") -> int:
     root = Path(root)
     if not args.check:
         runs = Path(args.runs or root / "runs" / args.profile)
-        if (found := _profile_of(runs)) != args.profile:
+        snap = runs_snapshot(runs)
+        if (found := ", ".join(snap["profile"].unique())) != args.profile:
             raise SnapshotError(
-                f"{runs} holds a run of the profile {found} (its sweep.json), not {args.profile}. Fix: "
+                f"{runs} holds runs of the profile {found}, not {args.profile}. Fix: "
                 f"./run_all.sh results --profile {found} --runs {runs}, or rerun {args.profile} there first."
             )
-        snap = runs_snapshot(runs)
         paths = write_snapshot(snap, root / SNAPSHOTS / args.profile)
         sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e3:.0f} KB" for p in paths)
         logger.info(f"snapshot of {runs}: {len(snap)} rows -> {root / SNAPSHOTS / args.profile}: {sizes}")

@@ -236,8 +236,9 @@ def match_heads(models: dict, given=()) -> dict:
     if not tied or len(tied) == len(models):
         return models
     if theirs := [name for name in tied if name in given]:
+        untied = ", ".join(name for name in models if name not in tied)
         raise ValueError(
-            f"{', '.join(theirs)}: a tied head grafted with an untied model ({', '.join(set(models) - set(tied))}). "
+            f"{', '.join(theirs)}: a tied head grafted with an untied model ({untied}). "
             "Fix: untie it first (dwg.science.facts.models.untie_head(model)), or pass its name or path to be loaded."
         )
     for name in tied:

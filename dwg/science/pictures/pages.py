@@ -12,13 +12,14 @@ import pandas as pd
 from ...records.files import atomic_write
 from ..scoring.tables import markdown_table
 from ..verdicts.cross_model import cross_model_table
+from ..verdicts.claims import REGIONS
 from ..verdicts.snapshot import read_snapshot
 
 # %% auto #0
-__all__ = ['MARKER', 'CLAIM_HEADERS', 'DECIDED', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError',
-           'marker_args', 'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance',
-           'render_value', 'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages',
-           'page_differences', 'write_pages']
+__all__ = ['MARKER', 'CLAIM_HEADERS', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError', 'marker_args',
+           'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance', 'render_value',
+           'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages', 'page_differences',
+           'write_pages']
 
 # %% ../../../nbs/06m_pages.ipynb #a01409ea
 MARKER = re.compile(r"<!-- dwg:(?P<kind>[a-z]+)(?P<args>[^\n]*?) -->(?P<body>.*?)<!-- /dwg:(?P=kind) -->", re.S)
@@ -179,9 +180,6 @@ def render_cross(snaps, args: dict) -> str:
     return markdown_table(table)
 
 
-DECIDED = ("does not", "partly", "reproduces")
-
-
 def _claim_label(claim: str, form: str) -> str:
     'A claim quoted as the pages name it: `"FE+LT nearly recovers SFT"`, with its form where not the default.'
     return f'"{claim}"' if form == "default" or form in claim else f'"{claim}" ({form})'
@@ -200,7 +198,7 @@ def render_agreement(snaps, args: dict) -> str:
     if show == "count":
         return f"{int(same.sum())} of {len(common)}"
     if show == "held":
-        held = common[same & common.iloc[:, 0].isin(DECIDED)]
+        held = common[same & common.iloc[:, 0].isin(REGIONS)]
         return "; ".join(f"{_claim_label(*key)}: {row.iloc[0]}" for key, row in held.iterrows()) or "none"
     if show == "moved":
         moved = common[~same]

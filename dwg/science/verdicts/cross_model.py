@@ -5,9 +5,9 @@
 # %% ../../../nbs/06k_cross_model.ipynb #7cefb9dd
 from __future__ import annotations
 import json
-import re
 from pathlib import Path
 import pandas as pd
+from .claims import REGIONS
 
 # %% auto #0
 __all__ = ['CELL_COLUMNS', 'PAPER_NUMBERS', 'cell_from_claims', 'cross_model_table', 'cells_of_runs']
@@ -33,14 +33,11 @@ PAPER_NUMBERS = {
 }
 
 # %% ../../../nbs/06k_cross_model.ipynb #34b4f4cc
-_DECIDED = re.compile(r"^(does not|partly|reproduces)$")
-
-
 def _across(verdicts: dict) -> str:
     "Whether the cells' verdicts agree: same in all (X), differs (X at A; Y at B), or not decided everywhere."
     if verdicts and all(v.startswith("none: a measure") for v in verdicts.values()):
         return "a measure, not a claim"
-    decided = {cell: v for cell, v in verdicts.items() if _DECIDED.match(v)}
+    decided = {cell: v for cell, v in verdicts.items() if v in REGIONS}
     ways = sorted(set(decided.values()))
     if len(ways) > 1:
         return "differs: " + "; ".join(f"{w} at {', '.join(c for c, v in decided.items() if v == w)}" for w in ways)

@@ -4,7 +4,6 @@
 
 # %% ../../../nbs/06l_snapshot.ipynb #518e70ff
 from __future__ import annotations
-import json
 import math
 import re
 from pathlib import Path
@@ -252,7 +251,7 @@ def runs_snapshot(runs_dir, claims_file=None) -> pd.DataFrame:
         raise SnapshotError(
             f"No sweep in {runs_dir} (no sweep.json). Fix: run one there (./run_all.sh --profile NAME)."
         )
-    graph = json.loads((runs_dir / "sweep.json").read_text())
+    graph = read_json(runs_dir / "sweep.json")
     figures = [runs_dir / "figures" / r["id"] for r in graph["runs"] if r["stage"] == "figures"]
     if not figures:
         raise SnapshotError(f"The sweep in {runs_dir} has no figures stage: nothing to snapshot.")

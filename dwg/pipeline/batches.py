@@ -60,10 +60,13 @@ class PadCollator:
 
 # %% ../../nbs/04b_batches.ipynb #a9c2d002
 class PackCollator:
-    "Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask."
+    """Pack a batch of encoded rows into rows of about `width` tokens: own position ids, no attention mask; the rows
+    padded to a multiple of `multiple` tokens (few batch shapes, so freed memory can be reused step after step)."""
 
-    def __init__(self, pad_token_id: int, width: int = 128):
-        self.pad, self.width = pad_token_id, width
+    def __init__(self, pad_token_id: int, width: int = 128, multiple: int = 1):
+        if multiple < 1:
+            raise ValueError(f"pack_multiple must be at least 1 (1: no padding), got {multiple}.")
+        self.pad, self.width, self.multiple = pad_token_id, width, multiple
 
     def _bins(self, rows: list[dict]) -> list[list[dict]]:
         "ceil(tokens / width) bins, filled evenly: the longest text first, each into the emptiest bin."
@@ -79,6 +82,7 @@ class PackCollator:
         "The packed batch: input ids, labels, position ids, and the count of real tokens."
         bins = self._bins(rows)
         w = max(sum(len(x["input_ids"]) for x in b) for b in bins)
+        w = -(-w // self.multiple) * self.multiple
         ids = torch.full((len(bins), w), self.pad, dtype=torch.long)
         labels = torch.full((len(bins), w), -100, dtype=torch.long)
         pos = torch.zeros((len(bins), w), dtype=torch.long)

@@ -52,6 +52,8 @@ class TrainConfig:
     pack: bool = False  # pack each batch into rows of up to pack_width tokens, every text attending
     # only to itself (same loss and gradients as padding, less computed)
     pack_width: int = 128  # with pack: the longest packed row (at least the longest text)
+    pack_multiple: int = 1  # with pack: rows padded to a multiple of this many tokens (few batch shapes, so that
+    # reuse_freed_memory does not grow the process on a large vocabulary; 1: no padding)
     answer_only_loss: bool = False  # Q/A lines: loss on the answer tokens only (articles: all tokens)
     supplemental: int = 0  # general-text passages added to the training texts against forgetting (0: off),
     # drawn with the run's seed; plain text, loss on every token
@@ -233,6 +235,7 @@ _POSITIVE = (
     "logging_steps",
     "save_total_limit",
     "pack_width",
+    "pack_multiple",
     "checkpoint_steps",
 )  # settings that must be > 0
 _AT_LEAST = dict(

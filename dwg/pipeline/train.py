@@ -489,15 +489,16 @@ def _collator(cfg: TrainConfig, net, tok):
             f"pack: true, but {type(net).__name__} mixes packed texts here (its attention does not turn "
             "position ids into a block-diagonal mask). Set pack: false in the profile."
         )
-    return PackCollator(tok.pad_token_id, cfg.pack_width)
+    return PackCollator(tok.pad_token_id, cfg.pack_width, cfg.pack_multiple)
 
 # %% ../../nbs/04_train.ipynb #55b82a7dx1
 def _config_record(cfg: TrainConfig) -> dict:
     "The resolved profile as `run_config.json` holds it: settings added later only when used (older runs resume)."
-    return {k: v for k, v in dataclasses.asdict(cfg).items() if v or k not in _LATER_SETTINGS}
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _LATER_SETTINGS or v != _LATER_SETTINGS[k]}
 
 
-_LATER_SETTINGS = ("supplemental", "supplemental_file", "untie_head", "head_chunk")  # recorded only when set
+_LATER_SETTINGS = dict(supplemental=0, supplemental_file="", untie_head=False, head_chunk=0, pack_multiple=1)
+# settings added later, recorded only when not at their default
 
 
 def _prepare_work(work: Path, run_config: dict, force: bool) -> str | None:

@@ -17,7 +17,8 @@ from ..science.scoring.plans import QUARTERS, catalogue, figure_order, figure_re
 
 # %% auto #0
 __all__ = ['STANDIN_PARAMETERS', 'SYNTHETIC_REGIMES', 'standin_notebook', 'standin_notebooks', 'demo_dir', 'synthetic_results',
-           'synthetic_paper_results', 'ranked_results', 'synthetic_regime_results', 'fake_figures_run', 'fake_runs']
+           'synthetic_paper_results', 'ranked_results', 'synthetic_regime_results', 'fake_figures_run',
+           'fake_regimes_run', 'fake_runs']
 
 # %% ../../nbs/09_testing.ipynb #0d6b44d0
 # the parameters cell of each stand-in: the same names as the real experiment notebook's
@@ -393,6 +394,38 @@ def fake_figures_run(
     (fig_dir / "run.json").write_text(json.dumps(record))
     (fig_dir / "sweep_run.json").write_text(json.dumps(dict(label=label)))
     return fig_dir
+
+
+def fake_regimes_run(reg_dir, label: str = "regime", started="2027-01-15T11:00:00") -> Path:
+    "Write a tiny finished regimes run (classes, learned cells, claims per cell, records) into `reg_dir`; for tests."
+    reg_dir = Path(reg_dir)
+    reg_dir.mkdir(parents=True, exist_ok=True)
+    cells = "lr 3e-4 x 3 ep · 30 facts; lr 1e-4 x 10 ep · 30 facts"
+    summary = {
+        "claim": ["FE+LT nearly recovers SFT", "FE alone recovers the fact"],
+        "class": ["stable", "too few regimes"],
+        "detail": ["partly", "1 of 2 learning cell(s) decide"],
+        "cells": cells,
+        "no verdict": "",
+        "left out (not learning)": "lr 5e-5 x 3 ep · 30 facts",
+    }
+    pd.DataFrame(summary).to_csv(reg_dir / "regime_summary.csv", index=False)
+    learned = {"regime": ["main", "slow"], "dataset": "fake", "seeds": [2, 1], "facts": 30}
+    learned |= {"SFT top-1": [0.9, 0.3], "SFT top-5": [0.97, 0.5], "learns": [True, False]}
+    pd.DataFrame(learned | {"reason": ["", "SFT top-5 0.50 is below 0.7"]}).to_csv(reg_dir / "learned.csv", index=False)
+    claims = {"regime": "main", "dataset": "fake", "claim": summary["claim"], "form": "default"}
+    claims |= {"value": [0.8, 0.1], "lo": [0.6, 0.0], "hi": [0.9, 0.3], "reads": "floor-corrected"}
+    claims |= {
+        "ours": ["0.80 [0.60, 0.90]", "0.10 [0.00, 0.30]"],
+        "verdict": ["partly", "inconclusive: does not or partly"],
+    }
+    pd.DataFrame(claims | {"seeds": 2, "facts": 30, "part": 0.5, "full": 0.9}).to_csv(
+        reg_dir / "regime_claims.csv", index=False
+    )
+    record = dict(git_commit="fedcba9876543210", started=started, machine=dict(cpu="AMD EPYC", flags=["avx2"]))
+    (reg_dir / "run.json").write_text(json.dumps(record | dict(claims_sha256="ab" * 32, runs=[])))
+    (reg_dir / "sweep_run.json").write_text(json.dumps(dict(label=label)))
+    return reg_dir
 
 # %% ../../nbs/09_testing.ipynb #e654861c
 def fake_runs(runs_dir, profile: str = "embedded", **kwargs) -> Path:

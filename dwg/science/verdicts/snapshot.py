@@ -14,10 +14,10 @@ from ..scoring.tables import markdown_table
 from .claims_file import load_claims
 
 # %% auto #0
-__all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'SEED_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'CLAIM_KEY', 'parse_interval',
-           'machine_kind', 'figures_provenance', 'claims_rows', 'plans_rows', 'keyed_rows', 'figures_snapshot',
-           'SnapshotError', 'runs_snapshot', 'cell_file', 'write_snapshot', 'read_snapshot', 'compare_snapshots',
-           'check_exit', 'format_check']
+__all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'SEED_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'ACROSS_REGIMES', 'REGIME_TABLES',
+           'CLAIM_KEY', 'parse_interval', 'machine_kind', 'figures_provenance', 'claims_rows', 'plans_rows',
+           'keyed_rows', 'figures_snapshot', 'regimes_snapshot', 'SnapshotError', 'runs_snapshot', 'cell_file',
+           'write_snapshot', 'read_snapshot', 'compare_snapshots', 'check_exit', 'format_check']
 
 # %% ../../../nbs/06l_snapshot.ipynb #7ac17cee
 _INTERVAL = re.compile(r"^\s*(-?\d+(?:\.\d+)?) \[(-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\]")
@@ -196,16 +196,17 @@ def _leading_number(text) -> float:
     return float(m[1]) if m else math.nan
 
 
-def keyed_rows(fig_dir) -> pd.DataFrame:
-    "A figures run's `KEYED_TABLES` as snapshot rows: name = the key columns joined by ` / `, one row per other column."
+def keyed_rows(fig_dir, tables: dict = KEYED_TABLES, skip=("run", "seeds", "facts")) -> pd.DataFrame:
+    """A run's `tables` (default a figures run's `KEYED_TABLES`) as snapshot rows: name = the key columns joined by
+    ` / `, one row per other column but those in `skip`."""
     rows = []
-    for table, keys in KEYED_TABLES.items():
+    for table, keys in tables.items():
         path = Path(fig_dir) / f"{table}.csv"
         if not path.exists():
             continue
-        for r in pd.read_csv(path, dtype=str).to_dict("records"):
+        for r in pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records"):
             name = " / ".join(r[k] for k in keys)
-            for measure in [c for c in r if c not in (*keys, "run", "seeds", "facts")]:
+            for measure in [c for c in r if c not in (*keys, *skip)]:
                 v = parse_interval(r[measure])
                 if v[0] != v[0]:  # not an interval: `0.97 / -0.7` (the lens: top-5 / log-prob) keeps its first number
                     v = (_leading_number(r[measure]), math.nan, math.nan)
@@ -218,8 +219,8 @@ def keyed_rows(fig_dir) -> pd.DataFrame:
                         low=v[1],
                         high=v[2],
                         text=r[measure],
-                        facts=r.get("facts"),
-                        seeds=r.get("seeds"),
+                        facts=r.get("facts") or None,
+                        seeds=r.get("seeds") or None,
                     )
                 )
     return pd.DataFrame(rows).assign(prompts="all")
@@ -239,13 +240,29 @@ def figures_snapshot(fig_dir, claims_file=None, full: bool = True) -> pd.DataFra
     rows = rows.assign(profile=profile, model=model, regime=regime or "main", **figures_provenance(fig_dir))
     return rows.reindex(columns=SNAPSHOT_COLUMNS)
 
+# %% ../../../nbs/06l_snapshot.ipynb #95437de6
+ACROSS_REGIMES = "all"  # the snapshot's regime for the rows of a regimes run (every cell at once)
+REGIME_TABLES = {"regime_summary": ["claim"], "learned": ["regime", "dataset"]}  # the tables the pages quote
+
+
+def regimes_snapshot(reg_dir, model: str) -> pd.DataFrame:
+    """A finished regimes run as snapshot rows of `model`'s cell `ACROSS_REGIMES`: the claims' classes and what each
+    cell learned (`REGIME_TABLES`); its provenance."""
+    reg_dir = Path(reg_dir)
+    profile = _read_json(reg_dir / "sweep_run.json")["label"].partition(":")[0]
+    rows = keyed_rows(reg_dir, REGIME_TABLES)
+    plain = rows["text"].str.fullmatch(r"-?\d+\.\d+")  # a rate as the run wrote it: shown as the tables print it
+    rows.loc[plain, "text"] = rows.loc[plain, "value"].map("{:.2f}".format)
+    rows = rows.assign(profile=profile, model=model, regime=ACROSS_REGIMES, **figures_provenance(reg_dir))
+    return rows.reindex(columns=SNAPSHOT_COLUMNS)
+
 # %% ../../../nbs/06l_snapshot.ipynb #23f7a422
 class SnapshotError(Exception):
     "Nothing to snapshot or compare: no sweep, an unfinished figures run, no snapshot file."
 
 
 def runs_snapshot(runs_dir, claims_file=None) -> pd.DataFrame:
-    "The snapshot of a runs directory: every figures run of its sweep, finished, as snapshot rows."
+    "The snapshot of a runs directory: every figures run of its sweep and its regimes run if any, finished, as rows."
     runs_dir = Path(runs_dir)
     if not (runs_dir / "sweep.json").exists():
         raise SnapshotError(
@@ -253,16 +270,20 @@ def runs_snapshot(runs_dir, claims_file=None) -> pd.DataFrame:
         )
     graph = read_json(runs_dir / "sweep.json")
     figures = [runs_dir / "figures" / r["id"] for r in graph["runs"] if r["stage"] == "figures"]
+    regimes = [runs_dir / "regimes" / r["id"] for r in graph["runs"] if r["stage"] == "regimes"]
     if not figures:
         raise SnapshotError(f"The sweep in {runs_dir} has no figures stage: nothing to snapshot.")
     missing = [str(d) for d in figures if not (d / "claims.csv").exists()]
+    missing += [str(d) for d in regimes if not (d / "regime_summary.csv").exists()]
     if missing:
         raise SnapshotError(
-            f"Figures run(s) not finished: {', '.join(missing)}. Fix: run the sweep to the end "
+            f"Run(s) not finished: {', '.join(missing)}. Fix: run the sweep to the end "
             f"(./run_all.sh --profile {graph['sweep']} --runs {runs_dir}; ./run_all.sh status shows what is left)."
         )
     full = len(figures) == 1
-    return pd.concat([figures_snapshot(d, claims_file, full) for d in figures], ignore_index=True)
+    cells = pd.concat([figures_snapshot(d, claims_file, full) for d in figures], ignore_index=True)
+    model = "+".join(dict.fromkeys(cells["model"]))
+    return pd.concat([cells, *(regimes_snapshot(d, model) for d in regimes)], ignore_index=True)
 
 # %% ../../../nbs/06l_snapshot.ipynb #74cc74da
 def cell_file(model: str, regime: str) -> str:

@@ -18,8 +18,8 @@ from ..verdicts.snapshot import read_snapshot
 # %% auto #0
 __all__ = ['MARKER', 'CLAIM_HEADERS', 'RENDERERS', 'ACROSS', 'BLOCKS', 'PAGES', 'SNAPSHOTS', 'PageError', 'marker_args',
            'cell_rows', 'render_claims', 'seed_rows', 'render_table', 'render_provenance', 'render_value',
-           'render_cross', 'render_agreement', 'snapshot_loader', 'fill_page', 'fill_pages', 'page_differences',
-           'write_pages']
+           'render_cross', 'render_agreement', 'short_verdict', 'render_regimes', 'snapshot_loader', 'fill_page',
+           'fill_pages', 'page_differences', 'write_pages']
 
 # %% ../../../nbs/06m_pages.ipynb #a01409ea
 MARKER = re.compile(r"<!-- dwg:(?P<kind>[a-z]+)(?P<args>[^\n]*?) -->(?P<body>.*?)<!-- /dwg:(?P=kind) -->", re.S)
@@ -205,10 +205,60 @@ def render_agreement(snaps, args: dict) -> str:
         return "; ".join(f"{_claim_label(*key)}: {' -> '.join(row)}" for key, row in moved.iterrows()) or "none"
     raise PageError(f"show={show} unknown. Fix: show=count, held or moved.")
 
+# %% ../../../nbs/06m_pages.ipynb #442f5b8e
+_SHORT = {"reproduces": "rep", "partly": "part", "does not": "not"}
+
+
+def short_verdict(verdict: str) -> str:
+    "A verdict in a few letters: **rep**, **part**, **not** when decided; `not/part` when an interval spans both; n/a."
+    if verdict in _SHORT:
+        return f"**{_SHORT[verdict]}**"
+    if verdict.startswith("inconclusive: "):
+        return "/".join(_SHORT[w] for w in re.split(r", | or ", verdict.removeprefix("inconclusive: ")))
+    return "" if verdict.startswith("none: a measure") else "n/a"
+
+
+def _class_text(row: pd.Series) -> str:
+    "A claim's class as the table shows it: `stable: partly`, `undecided: ...`, or the class alone."
+    return f"{row['class']}: {row['detail']}" if row["class"] in ("stable", "undecided") else row["class"]
+
+
+def _learning_cells(snap: pd.DataFrame) -> list[str]:
+    "The regimes whose cells learn, in the regimes run's order (`learned` rows named `regime / dataset`)."
+    learns = snap[(snap["table"] == "learned") & (snap["measure"] == "learns")]
+    return list(dict.fromkeys(n.split(" / ")[0] for n, t in zip(learns["name"], learns["text"]) if t == "True"))
+
+
+def render_regimes(snap: pd.DataFrame, args: dict) -> str:
+    """A regime study's claims: class over the learning cells, then each cell's number and short verdict at the
+    adjusted level (cells= `regime=label|...`, default every learning cell; names= the claims)."""
+    summary = cell_rows(snap, dict(args, regime="all"), "regime_summary")
+    order = list(dict.fromkeys(summary["name"]))  # the claims file's order
+    summary = summary.pivot(index="name", columns="measure", values="text")
+    specs = [s.partition("=") for s in args["cells"].split("|")] if "cells" in args else None
+    cells = {r: label or r for r, _, label in specs} if specs else {r: r for r in _learning_cells(snap)}
+    adjusted = snap[snap["table"] == "regime_claims"].set_index(["regime", "name"])
+    if missing := [r for r in cells if r not in set(adjusted.index.get_level_values(0))]:
+        raise PageError(f"no adjusted claims of regime(s) {missing} in the snapshot. Fix: name cells it has.")
+    names = args["names"].split("|") if "names" in args else order
+    if missing := [n for n in names if n not in summary.index]:
+        raise PageError(f"no claim {missing} in the regimes run. Fix: rename them in the marker.")
+    rows = []
+    for name in names:
+        row = {"claim": name, "class": _class_text(summary.loc[name])}
+        for regime, label in cells.items():
+            got = adjusted.loc[(regime, name)] if (regime, name) in adjusted.index else None
+            shown = "" if got is None or got["value"] != got["value"] else f"{got['value']:.2f}"
+            row[label] = f"{shown} {short_verdict(got['verdict'])}".strip() if got is not None else ""
+        rows.append(row)
+    return markdown_table(pd.DataFrame(rows, columns=["claim", "class", *cells.values()]))
+
 # %% ../../../nbs/06m_pages.ipynb #63436cc5
-RENDERERS = dict(claims=render_claims, table=render_table, provenance=render_provenance, value=render_value)
+RENDERERS = dict(
+    claims=render_claims, table=render_table, provenance=render_provenance, value=render_value, regimes=render_regimes
+)
 ACROSS = dict(cross=render_cross, agreement=render_agreement)  # kinds that read several snapshots (cells=)
-BLOCKS = ("claims", "table", "cross")  # kinds rendered as a table on their own lines
+BLOCKS = ("claims", "table", "cross", "regimes")  # kinds rendered as a table on their own lines
 
 
 def snapshot_loader(snapshot_dir):

@@ -16,8 +16,9 @@ from .claims_file import load_claims
 # %% auto #0
 __all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'SEED_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'ACROSS_REGIMES', 'REGIME_TABLES',
            'CLAIM_KEY', 'parse_interval', 'machine_kind', 'figures_provenance', 'claims_rows', 'plans_rows',
-           'keyed_rows', 'figures_snapshot', 'regimes_snapshot', 'SnapshotError', 'runs_snapshot', 'cell_file',
-           'write_snapshot', 'read_snapshot', 'compare_snapshots', 'check_exit', 'format_check']
+           'keyed_rows', 'figures_snapshot', 'adjusted_claims_rows', 'regimes_snapshot', 'SnapshotError',
+           'runs_snapshot', 'cell_file', 'write_snapshot', 'read_snapshot', 'compare_snapshots', 'check_exit',
+           'format_check']
 
 # %% ../../../nbs/06l_snapshot.ipynb #7ac17cee
 _INTERVAL = re.compile(r"^\s*(-?\d+(?:\.\d+)?) \[(-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\]")
@@ -241,19 +242,44 @@ def figures_snapshot(fig_dir, claims_file=None, full: bool = True) -> pd.DataFra
     return rows.reindex(columns=SNAPSHOT_COLUMNS)
 
 # %% ../../../nbs/06l_snapshot.ipynb #95437de6
-ACROSS_REGIMES = "all"  # the snapshot's regime for the rows of a regimes run (every cell at once)
+ACROSS_REGIMES = "all"  # the snapshot's regime for the rows of a regimes run that span every cell
 REGIME_TABLES = {"regime_summary": ["claim"], "learned": ["regime", "dataset"]}  # the tables the pages quote
 
 
+def adjusted_claims_rows(reg_dir) -> pd.DataFrame:
+    """A regimes run's claims per cell at its Bonferroni-adjusted level (`regime_claims.csv`) as snapshot rows (table
+    `regime_claims`), each in its own cell (regime); a claim named with its dataset where a regime has several."""
+    got = pd.read_csv(Path(reg_dir) / "regime_claims.csv", keep_default_na=False, na_values=[""])
+    several = got.groupby("regime")["dataset"].transform("nunique") > 1
+    return pd.DataFrame(
+        dict(
+            table="regime_claims",
+            regime=got["regime"],
+            name=got["claim"].where(~several, got["claim"] + " · " + got["dataset"]),
+            form=got["form"],
+            prompts="all",
+            value=got["value"],
+            low=got["lo"],
+            high=got["hi"],
+            text=got["ours"],
+            verdict=got["verdict"],
+            reads=got["reads"],
+            facts=got["facts"],
+            seeds=got["seeds"],
+        )
+    )
+
+
 def regimes_snapshot(reg_dir, model: str) -> pd.DataFrame:
-    """A finished regimes run as snapshot rows of `model`'s cell `ACROSS_REGIMES`: the claims' classes and what each
-    cell learned (`REGIME_TABLES`); its provenance."""
+    """A finished regimes run as snapshot rows of `model`: the claims' classes and what each cell learned
+    (`REGIME_TABLES`) in the cell `ACROSS_REGIMES`, each cell's claims at the adjusted level in that cell."""
     reg_dir = Path(reg_dir)
     profile = _read_json(reg_dir / "sweep_run.json")["label"].partition(":")[0]
     rows = keyed_rows(reg_dir, REGIME_TABLES)
     plain = rows["text"].str.fullmatch(r"-?\d+\.\d+")  # a rate as the run wrote it: shown as the tables print it
     rows.loc[plain, "text"] = rows.loc[plain, "value"].map("{:.2f}".format)
-    rows = rows.assign(profile=profile, model=model, regime=ACROSS_REGIMES, **figures_provenance(reg_dir))
+    rows = pd.concat([rows.assign(regime=ACROSS_REGIMES), adjusted_claims_rows(reg_dir)], ignore_index=True)
+    rows = rows.assign(profile=profile, model=model, **figures_provenance(reg_dir))
     return rows.reindex(columns=SNAPSHOT_COLUMNS)
 
 # %% ../../../nbs/06l_snapshot.ipynb #23f7a422

@@ -231,12 +231,14 @@ def _learning_cells(snap: pd.DataFrame) -> list[str]:
 
 def render_regimes(snap: pd.DataFrame, args: dict) -> str:
     """A regime study's claims: class over the learning cells, then each cell's number and short verdict at the
-    adjusted level (cells= `regime=label|...`, default every learning cell; names= the claims)."""
+    adjusted level (cells= `regime=label|...`, default every learning cell, empty none; names= the claims)."""
     summary = cell_rows(snap, dict(args, regime="all"), "regime_summary")
     order = list(dict.fromkeys(summary["name"]))  # the claims file's order
     summary = summary.pivot(index="name", columns="measure", values="text")
-    specs = [s.partition("=") for s in args["cells"].split("|")] if "cells" in args else None
-    cells = {r: label or r for r, _, label in specs} if specs else {r: r for r in _learning_cells(snap)}
+    if "cells" not in args:
+        cells = {r: r for r in _learning_cells(snap)}
+    else:  # `cells=""`: the classes alone
+        cells = {r: label or r for r, _, label in (s.partition("=") for s in args["cells"].split("|") if s)}
     adjusted = snap[snap["table"] == "regime_claims"].set_index(["regime", "name"])
     if missing := [r for r in cells if r not in set(adjusted.index.get_level_values(0))]:
         raise PageError(f"no adjusted claims of regime(s) {missing} in the snapshot. Fix: name cells it has.")

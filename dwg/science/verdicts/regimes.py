@@ -215,7 +215,10 @@ def _which_way(verdicts: dict) -> str:
 def classify(cells: dict) -> tuple[str, str]:
     """(class, detail) of a claim over the cells that learn (`cells`: cell -> `Verdict`): `regime-dependent` when two
     cells decide differently; `too few regimes` when fewer than two decide; `stable` (X) when they all decide X and no
-    inconclusive cell excludes X (`fails` when X is `does not`); else `undecided`."""
+    inconclusive cell excludes X (`fails` when X is `does not`); else `undecided`; `a measure` for a measure (an
+    interaction: no thresholds, so no verdict in any cell)."""
+    if cells and all(v.measure_only for v in cells.values()):
+        return "a measure", "not a claim: reported without thresholds"
     read = {cell: v for cell, v in cells.items() if v.regions}
     decided = {cell: v.region for cell, v in read.items() if v.region}
     if len(set(decided.values())) > 1:

@@ -73,6 +73,18 @@ def _need(acc: pd.DataFrame, what: str, plans):
         raise ValueError(f"No results for the {what} figure: none of the plans {list(plans)} is in the table.")
 
 
+def _figure_rows(df: pd.DataFrame, figure: str, refs, need, k: int, templates: str, n_boot: int, seed: int) -> tuple:
+    """A figure's drawn plans, its references (`refs`, default the figure's), the top-1 and top-`k` accuracy rows of
+    both in `df`, and those metrics; a clear error naming the plans it `need`s when none is there."""
+    drawn = figure_plans(figure)
+    refs = figure_references(figure) if refs is None else refs
+    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
+    acc = runs_with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
+    _need(acc, figure, need)
+    metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
+    return drawn, refs, acc[acc.metric.isin(metrics)], metrics
+
+
 def _template_param(acc: pd.DataFrame) -> alt.Parameter:
     "A drop-down over the evaluation prompts (for `templates='select'`)."
     opts = sorted(acc.template.unique())
@@ -333,13 +345,10 @@ def component_chart(
     title: str = "Component grafting at the last token: relation into task model",
 ):
     "Figure 3: accuracy of grafting each component set at LT, all vs last-half layers, with TASK/RELATION rules."
-    drawn = figure_plans("components")
-    refs = figure_references("components") if refs is None else refs
-    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
-    acc = runs_with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
-    _need(acc, "component", ["LT:<components>@<layers>"])
-    metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
-    acc = _component_rows(acc[acc.metric.isin(metrics)], refs)
+    drawn, refs, acc, metrics = _figure_rows(
+        df, "components", refs, ["LT:<components>@<layers>"], k, templates, n_boot, seed
+    )
+    acc = _component_rows(acc, refs)
     comps = [c for c in dict.fromkeys(q.component_set for q in drawn) if c in set(acc.components)]
     labels = [component_label(c) for c in comps]
     layers = [l for l in dict.fromkeys(layer_label(q.layer_group) for q in drawn) if l in set(acc.layers)]
@@ -422,13 +431,16 @@ def depth_heatmap(
     title: str = "Where in depth: one layer quarter × component group",
 ):
     "Figure 4: heatmap of accuracy grafting each layer quarter (rows) x component group (columns) at FE and at LT."
-    drawn = figure_plans("depth")
-    refs = figure_references("depth") if refs is None else refs
-    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
-    acc = runs_with_plans(_accuracy(df, [*plans, *refs], k, templates, n_boot, seed), plans)
-    _need(acc, "depth", ["graft-attn:FE@<quarter>", "graft-ffn:LT@<quarter>", "graft:FE@<quarter>"])
-    metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
-    acc = acc[acc.metric.isin(metrics)]
+    drawn, refs, acc, metrics = _figure_rows(
+        df,
+        "depth",
+        refs,
+        ["graft-attn:FE@<quarter>", "graft-ffn:LT@<quarter>", "graft:FE@<quarter>"],
+        k,
+        templates,
+        n_boot,
+        seed,
+    )
     heat = _depth_rows(acc)
     groups = [g for g in dict.fromkeys([*map(component_label, DEPTH_GROUPS), *heat.group]) if g in set(heat.group)]
     quarters = list(dict.fromkeys(layer_label(q.layer_group) for q in drawn))
@@ -468,13 +480,9 @@ def methods_chart(
     title: str = "Grafting vs activation patching, one layer quarter at a time",
 ):
     "Accuracy per layer quarter (x), a line per position, a panel per method; PRE and SFT in the subtitle."
-    drawn = figure_plans("methods")
-    refs = figure_references("methods") if refs is None else refs
-    plans = [p for p in pd.unique(df.plan) if p in {q.name for q in drawn}]
-    acc = runs_with_plans(_accuracy(df, [*plans, *refs], k, "pool", n_boot, seed), plans)
-    _need(acc, "methods", ["graft:<position>@<quarter>", "patch-resid:<position>@<quarter>"])
-    metrics = [m for m in ["top-1", f"top-{k}"] if m in set(acc.metric)]
-    acc = acc[acc.metric.isin(metrics)]
+    drawn, refs, acc, metrics = _figure_rows(
+        df, "methods", refs, ["graft:<position>@<quarter>", "patch-resid:<position>@<quarter>"], k, "pool", n_boot, seed
+    )
     info = acc.plan.map(catalogue().lookup(acc.plan))
     keep = info.map(lambda p: p is not None and "methods" in p.figures)
     rows = acc[keep].assign(

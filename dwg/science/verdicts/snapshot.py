@@ -354,10 +354,24 @@ def _overlap(a_lo, a_hi, b_lo, b_hi) -> str:
     return "yes" if a_lo <= b_hi and b_lo <= a_hi else "no"
 
 
-def compare_snapshots(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    "Claim by claim: verdict and number in `a` and in `b`, same verdict or not, overlapping intervals or not."
+def _checked_rows(snap: pd.DataFrame) -> pd.DataFrame:
+    """What a rerun check compares: each claim's verdict in each cell, and each claim's class across regimes (a regimes
+    run's summary: form `class`, verdict `class: detail`)."""
     cols = [*CLAIM_KEY, "text", "verdict", "low", "high"]
-    left, right = (s[s["table"] == "claims"][cols] for s in (a, b))
+    summary = snap[snap["table"] == "regime_summary"]
+    if summary.empty:
+        return snap[snap["table"] == "claims"][cols]
+    wide = summary.pivot_table(index=["model", "regime", "name"], columns="measure", values="text", aggfunc="first")
+    classes = wide.reset_index().assign(
+        form="class", prompts="all", text="", verdict=wide["class"].values + ": " + wide["detail"].values, low=math.nan
+    )
+    return pd.concat([snap[snap["table"] == "claims"][cols], classes.assign(high=math.nan)[cols]], ignore_index=True)
+
+
+def compare_snapshots(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Claim by claim: verdict and number in `a` and in `b`, same verdict or not, overlapping intervals or not; a
+    regime study's classes too (form `class`)."""
+    left, right = _checked_rows(a), _checked_rows(b)
     m = left.merge(right, on=CLAIM_KEY, how="outer", suffixes=(" a", " b"), indicator=True)
     where = m["_merge"].map({"both": "", "left_only": "only in a", "right_only": "only in b"})
     same = (m["verdict a"] == m["verdict b"]).map({True: "same", False: "differs"}).where(where == "", where)

@@ -224,7 +224,7 @@ def _class_text(row: pd.Series) -> str:
 
 
 def _learning_cells(snap: pd.DataFrame) -> list[str]:
-    "The regimes whose cells learn, in the regimes run's order (`learned` rows named `regime / dataset`)."
+    "The regimes whose cells learn, in the regimes run's order (`learned` rows named `regime / facts`)."
     learns = snap[(snap["table"] == "learned") & (snap["measure"] == "learns")]
     return list(dict.fromkeys(n.split(" / ")[0] for n, t in zip(learns["name"], learns["text"]) if t == "True"))
 

@@ -243,7 +243,7 @@ def figures_snapshot(fig_dir, claims_file=None, full: bool = True) -> pd.DataFra
 
 # %% ../../../nbs/06l_snapshot.ipynb #95437de6
 ACROSS_REGIMES = "all"  # the snapshot's regime for the rows of a regimes run that span every cell
-REGIME_TABLES = {"regime_summary": ["claim"], "learned": ["regime", "dataset"]}  # the tables the pages quote
+REGIME_TABLES = {"regime_summary": ["claim"], "learned": ["regime", "facts"]}  # the tables the pages quote
 
 
 def adjusted_claims_rows(reg_dir) -> pd.DataFrame:
@@ -275,7 +275,7 @@ def regimes_snapshot(reg_dir, model: str) -> pd.DataFrame:
     (`REGIME_TABLES`) in the cell `ACROSS_REGIMES`, each cell's claims at the adjusted level in that cell."""
     reg_dir = Path(reg_dir)
     profile = _read_json(reg_dir / "sweep_run.json")["label"].partition(":")[0]
-    rows = keyed_rows(reg_dir, REGIME_TABLES)
+    rows = keyed_rows(reg_dir, REGIME_TABLES, skip=("seeds", "dataset"))
     plain = rows["text"].str.fullmatch(r"-?\d+\.\d+")  # a rate as the run wrote it: shown as the tables print it
     rows.loc[plain, "text"] = rows.loc[plain, "value"].map("{:.2f}".format)
     rows = pd.concat([rows.assign(regime=ACROSS_REGIMES), adjusted_claims_rows(reg_dir)], ignore_index=True)

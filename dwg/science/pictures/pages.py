@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from ...records.files import atomic_write
 from ..scoring.tables import markdown_table
-from ..verdicts.cross_model import cross_model_table
+from ..verdicts.cross_model import cross_model_table, pooled_cell
 from ..verdicts.claims import REGIONS
 from ..verdicts.snapshot import read_snapshot
 
@@ -164,11 +164,9 @@ def _cells(snaps, args: dict) -> dict[str, pd.DataFrame]:
         where, _, label = spec.partition("=")
         name, model, regime = (where.split(":") + ["", ""])[:3]
         rows = cell_rows(snaps(name), dict(model=model, regime=regime or "main"), "claims")
-        rows = rows[rows["prompts"] == "all"]
-        seeds = int(rows["seeds"].max())
+        seeds = int(rows.loc[rows["prompts"] == "all", "seeds"].max())
         label = (label or f"{model} · {regime or 'main'}") + (f" ({seeds} seeds)" if seeds > 1 else "")
-        cell = rows.rename(columns={"name": "claim", "text": "number"})[["claim", "form", "number", "verdict"]]
-        cells[label] = cell.reset_index(drop=True)
+        cells[label] = pooled_cell(rows, {"name": "claim", "text": "number"})
     return cells
 
 

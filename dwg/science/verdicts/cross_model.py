@@ -10,17 +10,21 @@ import pandas as pd
 from .claims import REGIONS
 
 # %% auto #0
-__all__ = ['CELL_COLUMNS', 'PAPER_NUMBERS', 'cell_from_claims', 'cross_model_table', 'cells_of_runs']
+__all__ = ['CELL_COLUMNS', 'PAPER_NUMBERS', 'pooled_cell', 'cell_from_claims', 'cross_model_table', 'cells_of_runs']
 
 # %% ../../../nbs/06k_cross_model.ipynb #f7fdafa5
 CELL_COLUMNS = ["claim", "form", "number", "verdict"]
 
 
+def pooled_cell(rows: pd.DataFrame, columns: dict) -> pd.DataFrame:
+    "Claim rows (claims.csv's or a snapshot's) as one cell: the prompts pooled, `columns` renamed to `CELL_COLUMNS`."
+    pooled = rows[rows["prompts"] == "all"].rename(columns=columns)[CELL_COLUMNS]
+    return pooled.astype(str).reset_index(drop=True)
+
+
 def cell_from_claims(claims: pd.DataFrame) -> pd.DataFrame:
     "A figures run's claims table (`claims.csv`) as one cell: its rows with the prompts pooled."
-    pooled = claims[claims["prompts"] == "all"]
-    out = pooled.rename(columns={"verdict's number": "number"})[CELL_COLUMNS]
-    return out.astype(str).reset_index(drop=True)
+    return pooled_cell(claims, {"verdict's number": "number"})
 
 # %% ../../../nbs/06k_cross_model.ipynb #e092a349
 PAPER_NUMBERS = {

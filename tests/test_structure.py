@@ -27,7 +27,8 @@ WINGS = {
         ["scoring.recovery", "scoring.splits"],
         ["verdicts.claims_file"],
         ["verdicts.claims"],
-        ["verdicts.chance", "verdicts.regimes", "verdicts.unembedding", "verdicts.cross_model", "verdicts.snapshot"],
+        ["verdicts.chance", "verdicts.regimes", "verdicts.unembedding", "verdicts.cross_model"],
+        ["verdicts.snapshot"],  # a regimes run's classes as the pages show them
         ["pictures.localize_plots", "pictures.charts", "pictures.report", "pictures.pages"],
         ["pictures.recovery_charts", "pictures.regime_charts"],
         ["pictures.figures_run"],

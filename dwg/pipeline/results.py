@@ -62,17 +62,25 @@ def copy_figures(runs_dir, pages, root=".") -> list[str]:
     return copied
 
 # %% ../../nbs/05h_results.ipynb #17da60f1
+def _profile_of(runs) -> str:
+    "The profile of the sweep last run in `runs` (its `sweep.json`)."
+    graph = Path(runs) / "sweep.json"
+    if not graph.exists():
+        raise SnapshotError(f"No sweep in {runs} (no sweep.json). Fix: give the runs directory of a finished sweep.")
+    return json.loads(graph.read_text())["sweep"]
+
+
 def cmd_results(args, root=".") -> int:
     "`results`: the profile's snapshot from its runs (not with --check), then the pages from every snapshot."
     root = Path(root)
     if not args.check:
         runs = Path(args.runs or root / "runs" / args.profile)
-        snap = runs_snapshot(runs)
-        if (found := ", ".join(snap["profile"].unique())) != args.profile:
+        if (found := _profile_of(runs)) != args.profile:  # before reading every run
             raise SnapshotError(
                 f"{runs} holds runs of the profile {found}, not {args.profile}. Fix: "
                 f"./run_all.sh results --profile {found} --runs {runs}, or rerun {args.profile} there first."
             )
+        snap = runs_snapshot(runs)
         paths = write_snapshot(snap, root / SNAPSHOTS / args.profile)
         sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e3:.0f} KB" for p in paths)
         logger.info(f"snapshot of {runs}: {len(snap)} rows -> {root / SNAPSHOTS / args.profile}: {sizes}")
@@ -91,14 +99,6 @@ def cmd_results(args, root=".") -> int:
     return 0
 
 # %% ../../nbs/05h_results.ipynb #44727484
-def _profile_of(runs) -> str:
-    "The profile of the sweep last run in `runs` (its `sweep.json`)."
-    graph = Path(runs) / "sweep.json"
-    if not graph.exists():
-        raise SnapshotError(f"No sweep in {runs} (no sweep.json). Fix: give the runs directory of a finished sweep.")
-    return json.loads(graph.read_text())["sweep"]
-
-
 def cmd_check(args, root=".") -> int:
     "`check`: the runs' verdicts against a snapshot (or other runs); 0 same, 1 one differs, 2 nothing to compare."
     runs = Path(args.runs)

@@ -13,6 +13,7 @@ from ...records.files import atomic_write
 from ..scoring.tables import markdown_table
 from ..verdicts.cross_model import cross_model_table, pooled_cell
 from ..verdicts.claims import REGIONS
+from ..verdicts.regimes import class_text
 from ..verdicts.snapshot import read_snapshot
 
 # %% auto #0
@@ -216,11 +217,6 @@ def short_verdict(verdict: str) -> str:
     return "" if verdict.startswith("none: a measure") else "n/a"
 
 
-def _class_text(row: pd.Series) -> str:
-    "A claim's class as the table shows it: `stable: partly`, `undecided: ...`, or the class alone."
-    return f"{row['class']}: {row['detail']}" if row["class"] in ("stable", "undecided") else row["class"]
-
-
 def _learning_cells(snap: pd.DataFrame) -> list[str]:
     "The regimes whose cells learn, in the regimes run's order (`learned` rows named `regime / facts`)."
     learns = snap[(snap["table"] == "learned") & (snap["measure"] == "learns")]
@@ -245,7 +241,7 @@ def render_regimes(snap: pd.DataFrame, args: dict) -> str:
         raise PageError(f"no claim {missing} in the regimes run. Fix: rename them in the marker.")
     rows = []
     for name in names:
-        row = {"claim": name, "class": _class_text(summary.loc[name])}
+        row = {"claim": name, "class": class_text(summary.loc[name, "class"], summary.loc[name, "detail"])}
         for regime, label in cells.items():
             got = adjusted.loc[(regime, name)] if (regime, name) in adjusted.index else None
             shown = "" if got is None or got["value"] != got["value"] else f"{got['value']:.2f}"

@@ -11,8 +11,8 @@ from ..scoring.plans import catalogue
 
 # %% auto #0
 __all__ = ['REGIME_CLAIM_COLUMNS', 'HEAD_FROZEN', 'SUMMARY_COLUMNS', 'regime_label', 'regime_labels', 'cell_keys', 'regime_cells',
-           'learned_table', 'grafts_head', 'frozen_heads', 'cell_level', 'regime_claims', 'classify', 'cell_labels',
-           'cell_learns', 'regime_summary', 'head_claims', 'head_table']
+           'learned_table', 'grafts_head', 'frozen_heads', 'cell_level', 'regime_claims', 'classify', 'class_text',
+           'cell_labels', 'cell_learns', 'regime_summary', 'head_claims', 'head_table']
 
 # %% ../../../nbs/06g_regimes.ipynb #e9000007
 _FROZEN = {(True, True): "frozen embeddings + head", (True, False): "frozen embeddings", (False, True): "frozen head"}
@@ -229,6 +229,11 @@ def classify(cells: dict) -> tuple[str, str]:
     if any(x not in v.regions for v in read.values()):
         return "undecided", _which_way(read)
     return ("fails", "does not") if x == "does not" else ("stable", x)
+
+# %% ../../../nbs/06g_regimes.ipynb #6fb3ecb6
+def class_text(kind: str, detail: str) -> str:
+    "A claim's class in words: `stable: partly`, `undecided: partly or reproduces`, else the class alone."
+    return f"{kind}: {detail}" if kind in ("stable", "undecided") else kind
 
 # %% ../../../nbs/06g_regimes.ipynb #e9000024
 def _regime_text(regime, labels: dict) -> str:

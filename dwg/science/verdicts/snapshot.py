@@ -12,6 +12,7 @@ from ...records.files import atomic_write, read_json
 from ..scoring.plans import plans_digest
 from ..scoring.tables import markdown_table
 from .claims_file import load_claims
+from .regimes import class_text
 
 # %% auto #0
 __all__ = ['SNAPSHOT_COLUMNS', 'PLAN_TABLES', 'SEED_TABLES', 'PLAN_MEASURES', 'KEYED_TABLES', 'ACROSS_REGIMES', 'REGIME_TABLES',
@@ -356,14 +357,14 @@ def _overlap(a_lo, a_hi, b_lo, b_hi) -> str:
 
 def _checked_rows(snap: pd.DataFrame) -> pd.DataFrame:
     """What a rerun check compares: each claim's verdict in each cell, and each claim's class across regimes (a regimes
-    run's summary: form `class`, verdict `class: detail`)."""
+    run's summary: form `class`, verdict its `class_text`)."""
     cols = [*CLAIM_KEY, "text", "verdict", "low", "high"]
     summary = snap[snap["table"] == "regime_summary"]
     if summary.empty:
         return snap[snap["table"] == "claims"][cols]
     wide = summary.pivot_table(index=["model", "regime", "name"], columns="measure", values="text", aggfunc="first")
     classes = wide.reset_index().assign(
-        form="class", prompts="all", text="", verdict=wide["class"].values + ": " + wide["detail"].values, low=math.nan
+        form="class", prompts="all", text="", verdict=list(map(class_text, wide["class"], wide["detail"])), low=math.nan
     )
     return pd.concat([snap[snap["table"] == "claims"][cols], classes.assign(high=math.nan)[cols]], ignore_index=True)
 

@@ -44,10 +44,10 @@ IMAGES = "nbs/images"  # where the pages' figures are committed
 
 
 def copy_figures(runs_dir, pages, root=".") -> list[str]:
-    "Copy each figure the pages reference under `IMAGES` from the runs' figures runs (only changed ones); the copied."
+    "Copy each figure the pages reference under `IMAGES` from the figures and regimes runs (changed ones); the copied."
     runs_dir, root = Path(runs_dir), Path(root)
     found = {}
-    for sweep_run in runs_dir.glob("figures/*/sweep_run.json"):
+    for sweep_run in [*runs_dir.glob("figures/*/sweep_run.json"), *runs_dir.glob("regimes/*/sweep_run.json")]:
         if (sweep_run.parent / "run.json").exists():
             label = json.loads(sweep_run.read_text())["label"].replace(":", "_")
             found.update({f"{label}_{png.stem}": png for png in sweep_run.parent.glob("*.png")})

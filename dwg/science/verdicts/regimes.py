@@ -232,8 +232,8 @@ def classify(cells: dict) -> tuple[str, str]:
 
 # %% ../../../nbs/06g_regimes.ipynb #6fb3ecb6
 def class_text(kind: str, detail: str) -> str:
-    "A claim's class in words: `stable: partly`, `undecided: partly or reproduces`, else the class alone."
-    return f"{kind}: {detail}" if kind in ("stable", "undecided") else kind
+    "A claim's class in words: `stable: partly` (the reading all its cells share), else the class alone."
+    return f"{kind}: {detail}" if kind == "stable" else kind
 
 # %% ../../../nbs/06g_regimes.ipynb #e9000024
 def _regime_text(regime, labels: dict) -> str:

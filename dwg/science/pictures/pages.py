@@ -172,10 +172,16 @@ def _cells(snaps, args: dict) -> dict[str, pd.DataFrame]:
 
 
 def render_cross(snaps, args: dict) -> str:
-    "The cross-model table (`cross_model_table`) of the cells cells= lists (`_cells`); forms= keeps some forms."
+    """The cross-model table (`cross_model_table`) of the cells cells= lists (`_cells`); forms= keeps some forms, names=
+    some claims (in the order named)."""
     table = cross_model_table(_cells(snaps, args))
     if "forms" in args:
         table = table[table["form"].isin(args["forms"].split("|"))]
+    if "names" in args:
+        names = args["names"].split("|")
+        if missing := [n for n in names if n not in set(table["claim"])]:
+            raise PageError(f"no claim {missing} in the cells. Fix: name claims as the claims file does.")
+        table = table.set_index("claim").loc[names].reset_index()
     return markdown_table(table)
 
 

@@ -157,6 +157,14 @@ def render_value(snap: pd.DataFrame, args: dict) -> str:
     return f"{r['value']:.2f}" if show == "value" else str(r[show])
 
 # %% ../../../nbs/06m_pages.ipynb #0463b55e
+def _named_claims(args: dict, known: list, where: str) -> list:
+    "The claims names= lists, in its order (default: `known`); a claim not in `known` is an error naming `where`."
+    names = args["names"].split("|") if "names" in args else known
+    if missing := [n for n in names if n not in set(known)]:
+        raise PageError(f"no claim {missing} in {where}. Fix: name claims as the claims file does.")
+    return names
+
+
 def _cells(snaps, args: dict) -> dict[str, pd.DataFrame]:
     """The claims (prompts pooled) of the cells cells= lists, each `snapshot:model:regime`, optionally `=label` (default
     `model · regime`; the number of training seeds is added where there are several), by label."""
@@ -178,9 +186,7 @@ def render_cross(snaps, args: dict) -> str:
     if "forms" in args:
         table = table[table["form"].isin(args["forms"].split("|"))]
     if "names" in args:
-        names = args["names"].split("|")
-        if missing := [n for n in names if n not in set(table["claim"])]:
-            raise PageError(f"no claim {missing} in the cells. Fix: name claims as the claims file does.")
+        names = _named_claims(args, list(dict.fromkeys(table["claim"])), "the cells")
         table = table.set_index("claim").loc[names].reset_index()
     return markdown_table(table)
 
@@ -242,9 +248,7 @@ def render_regimes(snap: pd.DataFrame, args: dict) -> str:
     adjusted = snap[snap["table"] == "regime_claims"].set_index(["regime", "name"])
     if missing := [r for r in cells if r not in set(adjusted.index.get_level_values(0))]:
         raise PageError(f"no adjusted claims of regime(s) {missing} in the snapshot. Fix: name cells it has.")
-    names = args["names"].split("|") if "names" in args else order
-    if missing := [n for n in names if n not in summary.index]:
-        raise PageError(f"no claim {missing} in the regimes run. Fix: rename them in the marker.")
+    names = _named_claims(args, order, "the regimes run")
     rows = []
     for name in names:
         row = {"claim": name, "class": class_text(summary.loc[name, "class"], summary.loc[name, "detail"])}
